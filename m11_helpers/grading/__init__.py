@@ -1,0 +1,1 @@
+"""Graded exercises: checks learners call, exercise generation, the autograder."""
