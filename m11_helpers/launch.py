@@ -361,7 +361,7 @@ def _collect(p: Plan, pids: list[int], pipes, timeout: float, show_output: bool)
             if not chunk:  # EOF: the rank is gone
                 open_fds.discard(fd)
                 if not reported(r):
-                    failures[r] = f"rank {r} died: it {_exit_reason(pids[r])} before returning"
+                    failures[r] = f"died ({_exit_reason(pids[r])}) before returning"
                 continue
             buffers[r] += chunk
             while len(buffers[r]) >= 8:

@@ -1,0 +1,89 @@
+"""The course's running example: a 7B-style transformer, and exact parameter counts.
+
+Every lesson's arithmetic (memory, FLOPs, communication) uses `RUNNING_EXAMPLE`, which has the
+shape of Llama-2-7B (Touvron et al. 2023, Table 1 and the released config), so numbers compare
+across lessons. `param_count` is exact: it reproduces Llama-2-7B's 6,738,415,616 parameters and
+equals `sum(p.numel())` of the course's tiny GPT built from the same config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+    """A decoder-only transformer's shape. "dim" always means a tensor dimension."""
+
+    name: str
+    vocab_size: int
+    hidden: int  # h: model width
+    layers: int  # L: number of transformer blocks
+    heads: int  # a: attention heads
+    ffn_hidden: int  # width of the MLP's inner layer
+    seq_len: int  # s: training context length
+    kv_heads: int | None = None  # grouped-query attention; None = heads
+    gated_mlp: bool = False  # SwiGLU (3 matrices) instead of GELU (2 matrices)
+    norm: str = "layernorm"  # "layernorm" (weight + bias) or "rmsnorm" (weight only)
+    bias: bool = True  # biases in linear layers
+    tied_embeddings: bool = True  # output head shares the token embedding
+    learned_positions: bool = True  # a learned position table (GPT); False for RoPE (Llama)
+
+    def __post_init__(self) -> None:
+        for field in ("vocab_size", "hidden", "layers", "heads", "ffn_hidden", "seq_len"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{field} must be a positive integer, got {value!r}")
+        if self.hidden % self.heads:
+            raise ValueError(f"hidden ({self.hidden}) must be divisible by heads ({self.heads})")
+        if self.norm not in ("layernorm", "rmsnorm"):
+            raise ValueError(f"norm must be 'layernorm' or 'rmsnorm', got {self.norm!r}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+
+def param_count(cfg: TransformerConfig) -> int:
+    """N = embeddings + L·(attention + MLP + 2 norms) + final norm + head, counted exactly."""
+    h, kv = cfg.hidden, (cfg.kv_heads or cfg.heads) * cfg.head_dim
+    norm = h * (2 if cfg.norm == "layernorm" else 1)
+    b = 1 if cfg.bias else 0
+    attention = h * h + 2 * h * kv + h * h + b * (h + 2 * kv + h)  # q, k, v, o (+ biases)
+    n_in = 2 if cfg.gated_mlp else 1  # SwiGLU has a gate and an up projection
+    mlp = (n_in + 1) * h * cfg.ffn_hidden + b * (n_in * cfg.ffn_hidden + h)
+    per_layer = attention + mlp + 2 * norm
+    embeddings = cfg.vocab_size * h + (cfg.seq_len * h if cfg.learned_positions else 0)
+    head = 0 if cfg.tied_embeddings else cfg.vocab_size * h
+    return embeddings + cfg.layers * per_layer + norm + head
+
+
+def non_embedding_params(cfg: TransformerConfig) -> int:
+    """N without token/position embeddings: ≈ 12·L·h² for a GPT (Kaplan et al. 2020, §2.1)."""
+    embeddings = cfg.vocab_size * cfg.hidden + (cfg.seq_len * cfg.hidden if cfg.learned_positions else 0)
+    return param_count(cfg) - embeddings - (0 if cfg.tied_embeddings else cfg.vocab_size * cfg.hidden)
+
+
+# Llama-2-7B's published shape (Touvron et al. 2023; HF config.json): 6,738,415,616 parameters.
+LLAMA2_7B = TransformerConfig(
+    name="Llama-2-7B", vocab_size=32000, hidden=4096, layers=32, heads=32, ffn_hidden=11008,
+    seq_len=4096, gated_mlp=True, norm="rmsnorm", bias=False, tied_embeddings=False, learned_positions=False,
+)
+
+# GPT-3 175B (Brown et al. 2020, Table 2.1): d_model 12288, 96 layers, 96 heads, context 2048.
+GPT3_175B = TransformerConfig(
+    name="GPT-3 175B", vocab_size=50257, hidden=12288, layers=96, heads=96, ffn_hidden=4 * 12288, seq_len=2048,
+)
+
+# GPT-2 small (Radford et al. 2019): 124,439,808 parameters with tied embeddings.
+GPT2_SMALL = TransformerConfig(
+    name="GPT-2 small", vocab_size=50257, hidden=768, layers=12, heads=12, ffn_hidden=3072, seq_len=1024,
+)
+
+# The course's running example: the 7B-style model every lesson's arithmetic uses.
+RUNNING_EXAMPLE = dataclasses.replace(LLAMA2_7B, name="M11-7B (Llama-2-7B shape)")
+
+# The course's tiny GPT: the model every lesson *runs* (a training step in milliseconds on 1 thread).
+TINY_GPT = TransformerConfig(
+    name="tiny GPT", vocab_size=64, hidden=64, layers=4, heads=4, ffn_hidden=256, seq_len=32,
+)

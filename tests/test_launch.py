@@ -1,0 +1,199 @@
+"""The launcher: real processes, results in rank order, and every fault ends cleanly."""
+
+import os
+import signal
+import time
+
+import psutil
+import pytest
+import torch
+import torch.distributed as dist
+
+from m11_helpers.launch import LaunchError, LaunchTimeout, launch, launch_script, plan
+
+
+@pytest.fixture(autouse=True)
+def no_process_left_behind():
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    yield
+    deadline = time.monotonic() + 5
+    while True:
+        left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert not left, f"processes left behind: {left}"
+
+
+def _whoami(offset):
+    x = torch.tensor([float(dist.get_rank())])
+    dist.all_reduce(x)
+    return dist.get_rank(), dist.get_world_size(), os.getpid(), x.item() + offset
+
+
+def test_results_come_back_in_rank_order_from_distinct_processes():
+    out = launch(_whoami, 10.0, num_processes=4)
+    assert [r[0] for r in out] == [0, 1, 2, 3]
+    assert all(r[1] == 4 for r in out)
+    assert len({r[2] for r in out}) == 4 and os.getpid() not in {r[2] for r in out}
+    assert all(r[3] == 0 + 1 + 2 + 3 + 10.0 for r in out)
+
+
+def test_accelerator_inside_sees_multi_cpu_and_every_rank():
+    def fn():
+        from accelerate import Accelerator
+        from accelerate.utils import DistributedType
+
+        acc = Accelerator()
+        total = acc.reduce(torch.tensor([1.0]), "sum").item()
+        return acc.distributed_type == DistributedType.MULTI_CPU, acc.num_processes, total
+
+    assert launch(fn, num_processes=3) == [(True, 3, 3.0)] * 3
+
+
+def test_output_is_prefixed_and_in_rank_order(capsys):
+    launch(lambda: print(f"hello {dist.get_rank()}"), num_processes=3)
+    out = capsys.readouterr().out.splitlines()
+    assert out == ["[rank 0] hello 0", "[rank 1] hello 1", "[rank 2] hello 2"]
+
+
+def test_one_thread_per_rank_after_the_parent_used_many():
+    torch.set_num_threads(2)
+    (torch.randn(256, 256) @ torch.randn(256, 256)).sum()  # the parent's OpenMP pool is live
+    assert launch(lambda: (torch.randn(256, 256) @ torch.randn(256, 256), torch.get_num_threads())[1],
+                  num_processes=2) == [1, 1]
+
+
+def test_an_exception_names_its_rank_with_its_traceback():
+    def fn():
+        if dist.get_rank() == 1:
+            raise ValueError("boom on purpose")
+        dist.barrier()
+
+    start = time.monotonic()
+    with pytest.raises(LaunchError) as info:
+        launch(fn, num_processes=3, timeout=60)
+    assert time.monotonic() - start < 10
+    msg = str(info.value)
+    assert msg.startswith("rank 1 of 3 failed")
+    assert "ValueError: boom on purpose" in msg and "[rank 1]" in msg
+    assert "in fn" in msg  # the learner's frame is there, the launcher's are not
+    assert "_rank_main" not in info.value.failures[1]
+
+
+def test_a_rank_that_dies_is_reported_with_its_exit_status():
+    def fn():
+        if dist.get_rank() == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        dist.barrier()
+
+    start = time.monotonic()
+    with pytest.raises(LaunchError, match=r"(?s)rank 1 of 2 failed.*died \(killed by signal SIGKILL\)"):
+        launch(fn, num_processes=2, timeout=60)
+    assert time.monotonic() - start < 10
+
+    with pytest.raises(LaunchError, match="exited with code 7"):
+        launch(lambda: os._exit(7) if dist.get_rank() == 0 else dist.barrier(), num_processes=2, timeout=60)
+
+
+def test_a_collective_that_never_completes_ends_at_the_timeout():
+    def fn():
+        if dist.get_rank() == 0:
+            dist.barrier()  # rank 1 never joins
+        else:
+            time.sleep(60)
+
+    start = time.monotonic()
+    with pytest.raises(LaunchTimeout, match="did not finish within timeout=3") as info:
+        launch(fn, num_processes=2, timeout=3)
+    assert 3 <= time.monotonic() - start < 8
+    assert "rank 1 was at" in str(info.value)  # where each stuck rank was
+
+
+def test_two_launches_at_once_do_not_clash():
+    import threading
+
+    results = {}
+
+    def run(i):
+        results[i] = launch(_whoami, float(i), num_processes=2, show_output=False)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert results[0][0][3] == 1.0 and results[1][0][3] == 2.0
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(num_processes=0), "num_processes must be an integer >= 1"),
+        (dict(num_processes=2.5), "num_processes must be an integer >= 1"),
+        (dict(num_processes=1000), "num_processes=1000 is more than this machine can run"),
+        (dict(timeout=0), "timeout must be a number of seconds > 0"),
+        (dict(device="tpu"), "device must be one of"),
+        (dict(mixed_precision="fp8"), "mixed_precision must be one of"),
+    ],
+)
+def test_bad_arguments_say_what_to_pass(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        launch(_whoami, 0.0, **kwargs)
+
+
+def test_a_non_callable_is_refused():
+    with pytest.raises(ValueError, match="fn must be a callable"):
+        launch("not a function")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only refusal")
+def test_cuda_without_gpus_is_refused():
+    with pytest.raises(ValueError, match="needs one GPU per process"):
+        plan(2, device="cuda")
+
+
+SCRIPT = """
+import sys, torch
+from accelerate import Accelerator
+from m11_helpers.launch import report
+acc = Accelerator()
+total = acc.reduce(torch.tensor([acc.process_index + 1.0]), "sum").item()
+if acc.is_main_process:
+    print("total", total)
+if sys.argv[1:] == ["--fail"] and acc.process_index == 1:
+    raise RuntimeError("rank one fails on purpose")
+report(rank=acc.process_index, total=total, world=acc.num_processes, kind=str(acc.distributed_type))
+"""
+
+
+def test_launch_script_runs_accelerate_launch_on_real_processes(tmp_path, capsys):
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    run = launch_script(script, num_processes=2, timeout=120)
+    assert run.returncode == 0
+    assert [r["rank"] for r in run.results] == [0, 1]
+    assert all(r["total"] == 3.0 and r["world"] == 2 and r["kind"] == "DistributedType.MULTI_CPU" for r in run.results)
+    out = capsys.readouterr().out
+    assert "[rank 0] total 3.0" in out
+    assert "accelerate launch --multi_gpu --num_processes 8" in out  # the command for a GPU box
+
+
+def test_launch_script_failure_names_the_rank(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    with pytest.raises(LaunchError, match=r"failed \(exit code \d+\) on rank 1") as info:
+        launch_script(script, "--fail", num_processes=2, timeout=120, echo=False)
+    assert "rank one fails on purpose" in str(info.value)
+
+
+def test_launch_script_timeout_kills_the_tree(tmp_path):
+    script = tmp_path / "hang.py"
+    script.write_text("import time\nfrom accelerate import Accelerator\nAccelerator()\ntime.sleep(120)\n")
+    start = time.monotonic()
+    with pytest.raises(LaunchTimeout):
+        launch_script(script, num_processes=2, timeout=8, echo=False)
+    assert time.monotonic() - start < 20
+
+
+def test_launch_script_refuses_a_missing_file():
+    with pytest.raises(ValueError, match="script must be an existing file"):
+        launch_script("no/such/script.py")
