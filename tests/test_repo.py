@@ -1,0 +1,38 @@
+"""The course's structure: every lesson in its four places, on the README, with the checklist's parts."""
+
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LESSONS = sorted(p.stem for p in (ROOT / "course").glob("[0-9][0-9]_*.ipynb"))
+
+
+def test_there_are_lessons():
+    assert "00_welcome" in LESSONS
+
+
+@pytest.mark.parametrize("stem", LESSONS)
+def test_lesson_has_solutions_exercises_and_a_readme_row(stem):
+    assert (ROOT / "solutions" / f"{stem}.ipynb").exists(), "every lesson has graded exercises"
+    assert (ROOT / "exercises" / f"{stem}.ipynb").exists(), "run `m11 make-exercises`"
+    readme = (ROOT / "README.md").read_text()
+    assert f"colab.research.google.com/github/" in readme and f"course/{stem}.ipynb" in readme
+    assert re.search(rf"studiolab\.sagemaker\.aws/import/github/\S+/course/{stem}\.ipynb", readme)
+
+
+@pytest.mark.parametrize("stem", LESSONS)
+def test_lesson_follows_the_checklist(stem):
+    nb = nbformat.read(ROOT / "course" / f"{stem}.ipynb", as_version=4)
+    missing = [i for i, c in enumerate(nb.cells) if "slide_type" not in c.metadata.get("slideshow", {})]
+    assert not missing, f"cells without slideshow metadata: {missing}"
+    assert nb.cells[0].cell_type == "markdown" and nb.cells[0].source.startswith("# "), "title first"
+    assert "You will be able to" in nb.cells[0].source or "you will be able to" in nb.cells[0].source
+    code = [c.source for c in nb.cells if c.cell_type == "code"]
+    assert "from m11_helpers.doctor import setup" in code[0], "the first code cell is the setup cell"
+    text = "\n".join(c.source for c in nb.cells)
+    assert "quiz(" in text, "a four-question quiz"
+    assert "takeaways" in text.lower(), "key takeaways"
+    assert any(c.metadata["slideshow"]["slide_type"] == "notes" for c in nb.cells), "speaker notes"
