@@ -80,3 +80,9 @@ def main(argv: list[str] | None = None) -> int:
 
         slides_main([str(out_dir / p.name) for p in paths])
     return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

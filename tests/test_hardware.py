@@ -1,0 +1,212 @@
+"""Lesson 01: the roofline, compute budgets and capacity against the papers' worked examples; the spec
+table's integrity; and the measuring helpers' behaviour (never their timings)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from m11_helpers.config import RUNNING_EXAMPLE, param_count
+from m11_helpers.hardware import (
+    BYTES_PER_PARAM, arithmetic_intensity, attainable_flops, bf16_hardware, bound, cpu_flags, device_choices,
+    matmul_bytes, matmul_flops, matmul_intensity, max_params, measure_copy_bandwidth, measure_kernels,
+    measure_matmul, measured_chip, memory_needed, model_flops_utilization, plot_roofline, ridge_point,
+    roofline_point, training_days, training_flops,
+)
+from m11_helpers.hardware_specs import CHIPS, DTYPE_BYTES, LINKS, Chip, chip
+
+H100 = CHIPS["H100 SXM"]
+A100 = CHIPS["A100 SXM 80GB"]
+
+
+# ---------------------------------------------------------------- compute budget
+
+def test_gpt3_training_flops_kaplan():
+    # 6·N·D for GPT-3 175B on 300B tokens (Brown et al. 2020, Table D.1 gives 3.14e23)
+    assert training_flops(175e9, 300e9) == pytest.approx(3.15e23)
+
+
+def test_megatron_34_days_needs_recomputation_factor_8():
+    # Narayanan et al. 2021, §5.1: 1024 A100s at 140 TFLOP/s each -> ~34 days (they count 8·N·D)
+    days8 = training_days(175e9, 300e9, gpus=1024, peak_flops=312e12, mfu=140 / 312, flops_per_param_token=8)
+    assert days8 == pytest.approx(33.9, abs=0.05)
+    days6 = training_days(175e9, 300e9, gpus=1024, peak_flops=312e12, mfu=140 / 312)
+    assert days6 == pytest.approx(25.4, abs=0.05)
+    assert days8 / days6 == pytest.approx(8 / 6)
+
+
+def test_training_days_scales_inversely_with_gpus_and_mfu():
+    base = training_days(7e9, 1e12, 64, 989.4e12, 0.4)
+    assert training_days(7e9, 1e12, 128, 989.4e12, 0.4) == pytest.approx(base / 2)
+    assert training_days(7e9, 1e12, 64, 989.4e12, 0.2) == pytest.approx(base * 2)
+
+
+def test_mfu_palm_definition():
+    # a cluster exactly at 6·N·tps = chips·peak·mfu gives back that mfu
+    n, chips, peak = 540e9, 6144, 275e12
+    tps = 0.462 * chips * peak / (6 * n)
+    assert model_flops_utilization(tps, n, chips, peak) == pytest.approx(0.462)
+
+
+@pytest.mark.parametrize("bad", [dict(mfu=0), dict(mfu=1.5), dict(gpus=0), dict(peak_flops=-1)])
+def test_training_days_rejects_bad_input(bad):
+    kwargs = dict(params=1e9, tokens=1e9, gpus=8, peak_flops=1e12, mfu=0.5) | bad
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        training_days(**kwargs)
+
+
+# ---------------------------------------------------------------- capacity
+
+def test_h100_holds_20b_params_in_fp32_and_5b_in_training():
+    assert max_params(H100.memory_bytes, "fp32 weights") == 20_000_000_000
+    assert max_params(H100.memory_bytes, "mixed-precision Adam") == 5_000_000_000
+    assert BYTES_PER_PARAM["mixed-precision Adam"] == 2 + 2 + 4 + 4 + 4  # ZeRO §3.1
+
+
+def test_running_example_fits_for_inference_not_training():
+    n = param_count(RUNNING_EXAMPLE)
+    assert n == 6_738_415_616
+    assert memory_needed(n, "bf16 weights") == pytest.approx(13.48e9, rel=1e-3)
+    assert memory_needed(n, "bf16 weights") < H100.memory_bytes
+    assert memory_needed(n, "mixed-precision Adam") == pytest.approx(107.8e9, rel=1e-3)
+    assert memory_needed(n, "mixed-precision Adam") > H100.memory_bytes
+    assert memory_needed(n, 16) == memory_needed(n, "mixed-precision Adam")
+
+
+def test_capacity_rejects_bad_input():
+    with pytest.raises(ValueError, match="bytes_per_param"):
+        max_params(80e9, "fp64 weights")
+    with pytest.raises(ValueError, match="memory_bytes"):
+        max_params(0, 2)
+
+
+# ---------------------------------------------------------------- roofline
+
+def test_matmul_counts_and_intensity():
+    assert matmul_flops(2, 3, 4) == 48
+    assert matmul_bytes(2, 3, 4, "fp32") == (8 + 12 + 6) * 4
+    for n in (64, 1024, 4096):  # square: I = 2n³ / (3n²·b) = n / (1.5·b)
+        assert matmul_intensity(n, n, n, "bf16") == pytest.approx(n / 3)
+        assert matmul_intensity(n, n, n, "fp32") == pytest.approx(n / 6)
+    # a matrix-vector product stays near 1 FLOP/byte (bf16) however large: memory-bound everywhere
+    assert matmul_intensity(8192, 1, 8192, "bf16") < 1.0
+
+
+def test_ridge_and_attainable():
+    assert ridge_point(H100.peak_flops("bf16"), H100.bandwidth) == pytest.approx(295.3, abs=0.1)
+    assert ridge_point(A100.peak_flops("bf16"), A100.bandwidth) == pytest.approx(153.0, abs=0.1)
+    peak, bw = 100e12, 1e12
+    assert attainable_flops(10, peak, bw) == 10e12  # slanted roof
+    assert attainable_flops(1000, peak, bw) == peak  # flat roof
+    assert bound(99.9, peak, bw) == "memory-bound" and bound(100, peak, bw) == "compute-bound"
+    assert arithmetic_intensity(0, 1) == 0
+    with pytest.raises(ValueError, match="intensity"):
+        attainable_flops(0, peak, bw)
+    with pytest.raises(ValueError, match="bandwidth"):
+        ridge_point(peak, 0)
+
+
+def test_roofline_point_names_the_bound():
+    small = roofline_point(H100, 16, 4096, 4096, "bf16")  # decode-like: few tokens
+    big = roofline_point(H100, 4096, 4096, 4096, "bf16")
+    assert small["bound"] == "memory-bound" and small["fraction_of_peak"] < 0.2
+    assert big["bound"] == "compute-bound" and big["attainable"] == H100.peak_flops("bf16")
+    assert big["seconds"] == pytest.approx(2 * 4096 ** 3 / 989.4e12)
+    with pytest.raises(ValueError, match="dtype"):
+        roofline_point(CHIPS["TPU v4"], 8, 8, 8, "fp32")
+
+
+# ---------------------------------------------------------------- the spec table
+
+def test_table_has_the_issue_rows_each_with_a_source():
+    for name in ["A100 SXM 80GB", "H100 SXM", "H200 SXM", "B200 (HGX)", "TPU v4", "TPU v5e", "TPU v5p",
+                 "MI300X", "Gaudi2", "Trainium"]:
+        assert name in CHIPS
+    for c in CHIPS.values():
+        assert "http" in c.source or "ISCA" in c.source, c.name
+        assert "bf16" in c.peak_tflops, c.name
+        assert set(c.peak_tflops) <= set(DTYPE_BYTES)
+    for link in LINKS.values():
+        assert link.source and link.gbs_per_direction > 0
+
+
+def test_table_claims():
+    assert H100.peak_tflops["bf16"] == pytest.approx(989, abs=1)  # dense; 1979 with sparsity
+    assert 2 * H100.peak_tflops["fp8"] == pytest.approx(3958, abs=1)  # "nearly 4 petaFLOPS" = fp8 sparse
+    assert A100.peak_tflops["bf16"] == 312
+    for c in (A100, H100):  # "2× FP32" holds against TF32 only; ~15× against plain FP32
+        assert c.peak_tflops["bf16"] / c.peak_tflops["tf32"] == pytest.approx(2, rel=0.01)
+        assert 14 < c.peak_tflops["bf16"] / c.peak_tflops["fp32"] < 17
+    assert CHIPS["TPU v4"].peak_tflops["bf16"] == 275
+    # PCIe Gen5 x16 vs H100's HBM: ~50× slower (not orders of magnitude)
+    assert H100.bandwidth / (LINKS["PCIe Gen5 x16"].gbs_per_direction * 1e9) == pytest.approx(52.3, abs=0.1)
+
+
+def test_chip_lookup_and_validation():
+    assert chip("H200 SXM").memory_gb == 141
+    with pytest.raises(ValueError, match="name"):
+        chip("H300")
+    with pytest.raises(ValueError, match="peak_tflops"):
+        Chip("x", "GPU", {"fp64": 1}, 1, 1, "-", None, "-")
+    with pytest.raises(ValueError, match="dtype"):
+        H100.peak_flops("fp4")
+
+
+# ---------------------------------------------------------------- measuring (behaviour only)
+
+def test_measurements_return_positive_rates():
+    assert measure_matmul(32, "fp32", repeats=1) > 0
+    assert measure_matmul(32, "bf16", repeats=1) > 0
+    assert measure_copy_bandwidth(1, repeats=1) > 0
+    rows = measure_kernels(repeats=1, vector_mb=1)
+    assert [r["kernel"] for r in rows][:2] == ["x + y", "2·x + y"]
+    intensities = [r["intensity"] for r in rows]
+    assert intensities == sorted(intensities)  # ordered by rising intensity
+    assert rows[0]["intensity"] == pytest.approx(1 / 12)
+    assert all(r["achieved"] > 0 for r in rows)
+    with pytest.raises(ValueError, match="dtype"):
+        measure_matmul(8, "fp64")
+
+
+def test_measured_chip_joins_the_menu():
+    me = measured_chip("this machine", {"fp32": 0.1, "bf16": 0.5}, 5e9, memory_gb=8)
+    menu = device_choices(me)
+    assert next(iter(menu)) == "this machine" and "H100 SXM" in menu
+    assert ridge_point(me.peak_flops("fp32"), me.bandwidth) == pytest.approx(20)
+
+
+def test_bf16_hardware_from_flags():
+    assert bf16_hardware({"avx2", "amx_bf16", "avx512_bf16"}) == "AMX"
+    assert bf16_hardware({"avx512_bf16"}) == "AVX512-BF16"
+    assert bf16_hardware({"avx2", "fma"}) == "none"
+    assert isinstance(cpu_flags(), set)
+
+
+def test_plot_roofline_draws_one_line_per_device():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ax = plot_roofline([H100, CHIPS["TPU v4"]], "fp32", points=[{"label": "p", "intensity": 1, "flops": 1e9}])
+    labels = [l.get_label() for l in ax.lines]
+    assert "H100 SXM (fp32)" in labels and "TPU v4 (bf16)" in labels  # v4 has no fp32: falls back
+    assert math.isclose(ax.get_xlim()[0], 0.01, rel_tol=0.5)
+    plt.close("all")
+
+
+def test_p2p_bandwidth_on_two_real_processes():
+    from m11_helpers.hardware import p2p_bandwidth
+    from m11_helpers.launch import launch
+
+    rates = launch(p2p_bandwidth, 1, repeats=1, num_processes=2, timeout=60, show_output=False)
+    assert len(rates) == 2 and rates[0] == rates[1] > 0  # both ranks report rank 0's measurement
+
+
+def test_numpy_numbers_are_accepted_and_bad_dtypes_named():
+    import numpy as np
+
+    assert training_flops(np.int64(10), np.float64(2.0)) == 120
+    with pytest.raises(ValueError, match="dtype"):
+        measure_kernels(dtype="fp64", repeats=1, vector_mb=1)
