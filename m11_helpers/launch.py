@@ -285,6 +285,9 @@ def launch(
         raise ValueError(f"mixed_precision must be one of 'no', 'bf16', 'fp16', got {mixed_precision!r}")
     p = plan(num_processes, device, threads_per_process)
     import torch
+    import torch.distributed  # noqa: F401 - imported once here, inherited by every forked rank
+    import accelerate.state  # noqa: F401 - importing it in each rank costs seconds on a busy machine
+    import accelerate.utils  # noqa: F401
 
     if p.device == "cuda" and torch.cuda.is_initialized():
         raise LaunchError("CUDA was already initialised in this process, and forked ranks cannot re-initialise it: "

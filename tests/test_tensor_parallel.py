@@ -1,0 +1,88 @@
+"""Tensor-parallel layers on real gloo processes against the unsharded layer."""
+
+import copy
+
+import pytest
+import torch
+
+from m11_helpers.launch import launch
+from m11_helpers.models import tiny_gpt
+from m11_helpers.tensor_parallel import (COMM, ColumnParallelLinear, RowParallelLinear, TPBlock, all_reduces_per_layer,
+                                         count_collectives, parallelize_mlp, ring_bytes_per_rank)
+
+
+def _check_on_ranks():
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
+
+    r, w = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    out = {}
+    lin = torch.nn.Linear(16, 8)
+    x = torch.randn(3, 16, requires_grad=True)  # (B, in)
+    col = ColumnParallelLinear.from_linear(lin, r, w)
+    out["col"] = (col(x).detach(), lin(x)[:, r * 8 // w:(r + 1) * 8 // w].detach())
+    row = RowParallelLinear.from_linear(lin, r, w)
+    out["row"] = (row(x[:, r * 16 // w:(r + 1) * 16 // w]).detach(), lin(x).detach())
+    block = tiny_gpt(0).blocks[0]
+    h = torch.randn(2, 8, 64, requires_grad=True)  # (B, T, C)
+    ref = block(h)
+    ref.square().sum().backward()
+    ref_grad = h.grad.clone()
+    h.grad = None
+    tp = TPBlock(copy.deepcopy(block), r, w)
+    COMM.clear()
+    y = tp(h)
+    forward_calls = COMM["all_reduce"]
+    y.square().sum().backward()
+    out["block"] = (y.detach(), ref.detach())
+    out["block_dx"] = (h.grad, ref_grad)
+    n = 256 // w
+    out["fc_grad"] = (tp.mlp.fc.weight.grad, block.mlp.fc.weight.grad[r * n:(r + 1) * n])
+    out["ln_grad"] = (tp.ln_1.weight.grad, block.ln_1.weight.grad)
+    out["calls"] = (forward_calls, COMM["all_reduce"])
+    mesh = init_device_mesh("cpu", (w,))
+    dmlp = parallelize_mlp(copy.deepcopy(block.mlp), mesh)
+    z = torch.randn(2, 8, 64, requires_grad=True)
+    counts = count_collectives(lambda: dmlp(z).sum().backward())
+    yd = dmlp(z)
+    yd = yd.full_tensor() if isinstance(yd, DTensor) else yd
+    yd = yd.wait() if hasattr(yd, "wait") else yd  # RowwiseParallel may return an AsyncCollectiveTensor
+    out["dtensor"] = (yd.detach(), block.mlp(z).detach())
+    out["dtensor_counts"] = counts
+    out["dtensor_weight"] = type(dmlp.fc.weight).__name__
+    return out
+
+
+@pytest.fixture(scope="module")
+def ranks():
+    return launch(_check_on_ranks, num_processes=2, timeout=120)
+
+
+@pytest.mark.parametrize("key", ["col", "row", "block", "block_dx", "fc_grad", "ln_grad", "dtensor"])
+def test_tp_equals_unsharded(ranks, key):
+    for res in ranks:
+        got, expected = res[key]
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_two_all_reduces_forward_two_backward(ranks):
+    assert all(res["calls"] == (2, 4) for res in ranks)
+    assert all(res["dtensor_counts"] == {"all_reduce": 2} for res in ranks)  # g forward, f backward
+    assert all(res["dtensor_weight"] == "DTensor" for res in ranks)
+
+
+def test_comm_formulas():
+    c = all_reduces_per_layer(batch=1, seq_len=4096, hidden=4096)
+    assert c["forward"] == 2 and c["backward"] == 2 and c["bytes_each"] == 4096 * 4096 * 2
+    assert ring_bytes_per_rank(100, 4) == pytest.approx(150)
+    with pytest.raises(ValueError, match="hidden"):
+        all_reduces_per_layer(1, 1, 0)
+
+
+def test_bad_split_names_parameter():
+    with pytest.raises(ValueError, match="out_features"):
+        ColumnParallelLinear.from_linear(torch.nn.Linear(4, 3), 0, 2)
+    with pytest.raises(ValueError, match="rank"):
+        RowParallelLinear.from_linear(torch.nn.Linear(4, 4), 2, 2)
