@@ -527,18 +527,18 @@ def launch_script(
     mixed_precision: str = "no",
     env: dict[str, str] | None = None,
     check: bool = True,
-    show_command: bool = True,
     num_machines: int = 1,
-    machine_rank: int = 0,
-    main_process_ip: str | None = None,
-    main_process_port: int | None = None,
     echo: bool = True,
+    show_command: bool = True,
 ) -> ScriptRun:
     """Run `script` with `accelerate launch` on `num_processes` processes, streaming `[rank k]` output live.
 
+    With `num_machines=M > 1`, M launchers start here, one per "node", each with `num_processes`
+    ranks, meeting over TCP on 127.0.0.1 exactly as M machines of a cluster would (`--machine_rank`,
+    `--main_process_ip`, `--main_process_port`): a real multi-node rendezvous on one computer.
     Returns a `ScriptRun` (exit code, what each rank passed to `report()`, the output). With
     `check=True` a non-zero exit raises `LaunchError` naming the failing rank; after `timeout`
-    seconds the whole process tree is killed and `LaunchTimeout` is raised.
+    seconds every process is killed and `LaunchTimeout` is raised.
     """
     path = Path(script)
     if not path.is_file():
@@ -547,52 +547,86 @@ def launch_script(
         raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
     if mixed_precision not in ("no", "bf16", "fp16"):
         raise ValueError(f"mixed_precision must be one of 'no', 'bf16', 'fp16', got {mixed_precision!r}")
-    p = plan(num_processes, device, threads_per_process)
+    if isinstance(num_machines, bool) or not isinstance(num_machines, int) or num_machines < 1:
+        raise ValueError(f"num_machines must be an integer >= 1, got {num_machines!r}")
+    p = plan(num_processes * num_machines, device, threads_per_process)
+    if p.device == "cuda" and num_machines > 1:
+        raise ValueError("num_machines > 1 simulates nodes on this computer with CPU processes: pass device='cpu'")
     str_args = [str(a) for a in args]
-    # Port 0 lets torchrun's rendezvous pick a free port: two launches at once never clash.
-    port = 0 if main_process_port is None and num_machines == 1 else (main_process_port or 29500)
-    cmd = accelerate_command(str(path), *str_args, num_processes=p.num_processes * num_machines,
-                             num_machines=num_machines, machine_rank=machine_rank,
-                             main_process_ip=main_process_ip, main_process_port=port,
-                             mixed_precision=mixed_precision)
-    # Each rank's lines are tagged "[rank0]:" by torchrun's --tee with role "rank".
-    flags = cmd[2:len(cmd) - len(str_args) - 1]
-    argv = [sys.executable, "-m", "accelerate.commands.launch", *flags, "--tee", "3", "--role", "rank",
-            str(path), *str_args]
+    # One node: port 0 lets torchrun pick a free port, so two launches never clash. Several nodes
+    # need one known port to meet on; take a free one from the OS.
+    port = 0 if num_machines == 1 else _free_port()
+    argvs = []
+    for machine in range(num_machines):
+        cmd = accelerate_command(str(path), *str_args, num_processes=num_processes * num_machines,
+                                 num_machines=num_machines, machine_rank=machine, main_process_ip="127.0.0.1",
+                                 main_process_port=port, mixed_precision=mixed_precision)
+        flags = cmd[2:len(cmd) - len(str_args) - 1]
+        argvs.append([sys.executable, "-m", "accelerate.commands.launch", *flags, "--tee", "3", str(path), *str_args])
     if show_command and echo:
         _print_commands(path, str_args, p, mixed_precision)
     with tempfile.TemporaryDirectory(prefix="m11-results-") as results_dir:
         run_env = {**os.environ, **(env or {}), RESULTS_ENV: results_dir, "PYTHONUNBUFFERED": "1",
-                   "OMP_NUM_THREADS": str(p.threads_per_process)}
+                   "OMP_NUM_THREADS": str(p.threads_per_process),
+                   # tag each line with the GLOBAL rank (torchrun's default tag is the local rank)
+                   "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[rank${rank}]:"}
         if p.device == "cpu":
             run_env["ACCELERATE_USE_CPU"] = "1"
             run_env["CUDA_VISIBLE_DEVICES"] = ""
         start = time.monotonic()
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=run_env,
-                                start_new_session=True, preexec_fn=_die_with_parent)
         lines: list[str] = []
-        reader = threading.Thread(target=_pump, args=(proc.stdout, lines, echo), daemon=True)
-        reader.start()
+        procs, readers = [], []
         try:
-            proc.wait(timeout=timeout)
+            for argv in argvs:
+                proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=run_env,
+                                        start_new_session=True, preexec_fn=_die_with_parent)
+                procs.append(proc)
+                readers.append(threading.Thread(target=_pump, args=(proc.stdout, lines, echo), daemon=True))
+                readers[-1].start()
+            returncode = _wait_all(procs, timeout)
         except subprocess.TimeoutExpired:
-            kill_tree([proc.pid], grace=1.0)
-            reader.join(5)
+            kill_tree([q.pid for q in procs], grace=1.0)
+            for r in readers:
+                r.join(5)
             raise LaunchTimeout(f"{path.name} did not finish within timeout={timeout:g} s; all its processes were "
                                 "stopped. Pass a larger timeout= if the work is just slow.", output="".join(lines))
         except BaseException:
-            kill_tree([proc.pid], grace=1.0)
+            kill_tree([q.pid for q in procs], grace=1.0)
             raise
         finally:
-            kill_tree([proc.pid])  # a rank may have started children of its own
-        reader.join(10)
+            kill_tree([q.pid for q in procs])  # a rank may have started children of its own
+        for r in readers:
+            r.join(10)
         seconds = time.monotonic() - start
         files = sorted(Path(results_dir).glob("rank*.json"), key=lambda f: int(f.stem[4:]))
         results = [json.loads(f.read_text()) for f in files]
     out = "".join(lines)
-    if check and proc.returncode != 0:
-        raise LaunchError(_script_failure(path.name, proc.returncode, out), _failed_ranks(out), out)
-    return ScriptRun(proc.returncode, results, out, argv, seconds)
+    if check and returncode != 0:
+        raise LaunchError(_script_failure(path.name, returncode, out), _failed_ranks(out), out)
+    return ScriptRun(returncode, results, out, argvs[0], seconds)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_all(procs: list[subprocess.Popen], timeout: float) -> int:
+    """Wait for every launcher; once one fails, give the others a few seconds, then stop them."""
+    deadline = time.monotonic() + timeout
+    while True:
+        codes = [q.poll() for q in procs]
+        if all(c is not None for c in codes):
+            return next((c for c in codes if c != 0), 0)
+        if any(c not in (None, 0) for c in codes):
+            deadline = min(deadline, time.monotonic() + 5)
+        if time.monotonic() > deadline:
+            if any(c not in (None, 0) for c in codes):
+                kill_tree([q.pid for q in procs])
+                return next(c for c in codes if c not in (None, 0))
+            raise subprocess.TimeoutExpired("accelerate launch", timeout)
+        time.sleep(0.05)
 
 
 def _pump(stream, lines: list[str], echo: bool) -> None:

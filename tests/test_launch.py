@@ -197,3 +197,12 @@ def test_launch_script_timeout_kills_the_tree(tmp_path):
 def test_launch_script_refuses_a_missing_file():
     with pytest.raises(ValueError, match="script must be an existing file"):
         launch_script("no/such/script.py")
+
+
+def test_two_nodes_of_two_processes_train_as_one_job(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    run = launch_script(script, num_processes=2, num_machines=2, timeout=180, echo=False)
+    assert [r["rank"] for r in run.results] == [0, 1, 2, 3]
+    assert all(r["world"] == 4 and r["total"] == 1 + 2 + 3 + 4 for r in run.results)
+    assert "--machine_rank" in run.command and "--num_machines" in run.command
