@@ -1,0 +1,158 @@
+"""ZeRO's memory and communication formulas against the paper; the sharded optimizer against AdamW on real processes."""
+
+import math
+
+import pytest
+import torch
+
+from m11_helpers.config import RUNNING_EXAMPLE, TINY_GPT, param_count
+from m11_helpers.launch import launch
+from m11_helpers.zero import (accelerate_estimate, activation_bytes, comm_volume, deepspeed_estimate, gb, gib,
+                              lab_figure, lab_rows, memory_breakdown, memory_per_gpu, min_gpus,
+                              optimizer_state_bytes, reduction_factor)
+from m11_helpers.zero_optimizer import adamw_update, compare_with_adamw, zero_redundancy_report
+
+
+def test_paper_figure_1_example_7_5b_on_64_gpus():
+    # Rajbhandari et al. 2020, Fig. 1: Ψ = 7.5B, N_d = 64, K = 12 → 120, 31.4, 16.6, 1.9 GB
+    got = [round(gb(memory_per_gpu(7.5e9, 64, s)), 1) for s in range(4)]
+    assert got == [120.0, 31.4, 16.6, 1.9]
+
+
+def test_breakdown_parts_and_units():
+    m = memory_breakdown(1e9, 8, 2)
+    assert (m.parameters, m.gradients, m.optimizer) == (2e9, 2e9 / 8, 12e9 / 8)
+    assert gib(2**30) == 1.0 and gb(1e9) == 1.0
+
+
+def test_reduction_factors_approach_4_8_and_n():
+    assert reduction_factor(8, 1) == pytest.approx(16 / 5.5)
+    assert reduction_factor(10**9, 1) == pytest.approx(4, rel=1e-6)
+    assert reduction_factor(10**9, 2) == pytest.approx(8, rel=1e-6)
+    assert reduction_factor(64, 3) == pytest.approx(64)
+
+
+def test_offload_moves_optimizer_and_params_to_cpu():
+    m = memory_breakdown(1e9, 4, 2, offload="optimizer")
+    assert m.optimizer == 0 and m.parameters == 2e9 and m.cpu == pytest.approx(14e9 / 4)
+    m3 = memory_breakdown(1e9, 4, 3, offload="optimizer+params")
+    assert m3.parameters == 0 and m3.optimizer == 0 and m3.cpu == pytest.approx(16e9 / 4)
+    with pytest.raises(ValueError, match="stage=3"):
+        memory_breakdown(1e9, 4, 2, offload="optimizer+params")
+
+
+def test_min_gpus_100b_on_40gb():
+    # 100B × 16 B = 1.6 TB of model states: ZeRO-3 needs 40 × 40 GB, DDP never fits
+    assert min_gpus(100e9, 40e9, 3) == 40
+    assert min_gpus(100e9, 40e9, 0) is None
+    assert min_gpus(100e9, 40e9, 1) is None  # 4Ψ = 400 GB of replicated weights and grads
+    n = min_gpus(RUNNING_EXAMPLE_PARAMS, 80e9, 1)
+    assert memory_per_gpu(RUNNING_EXAMPLE_PARAMS, n, 1) <= 80e9 < memory_per_gpu(RUNNING_EXAMPLE_PARAMS, n - 1, 1)
+
+
+RUNNING_EXAMPLE_PARAMS = param_count(RUNNING_EXAMPLE)
+
+
+def test_comm_volume_2psi_and_3psi():
+    assert comm_volume(100, 0) == comm_volume(100, 2) == 200
+    assert comm_volume(100, 3) == 300
+    assert comm_volume(100, 3, world_size=4) == pytest.approx(225)
+
+
+def test_bad_inputs_name_the_parameter():
+    for kwargs, name in [({"num_params": 0, "world_size": 8, "stage": 1}, "num_params"),
+                         ({"num_params": 1e9, "world_size": 0, "stage": 1}, "world_size"),
+                         ({"num_params": 1e9, "world_size": 8, "stage": 4}, "stage")]:
+        with pytest.raises(ValueError, match=name):
+            memory_per_gpu(**kwargs)
+    with pytest.raises(ValueError, match="offload"):
+        memory_per_gpu(1e9, 8, 1, offload="nvme")
+    with pytest.raises(ValueError, match="recompute"):
+        activation_bytes(TINY_GPT, 1, "some")
+
+
+def test_activation_formula_korthikanti_table_2():
+    s, b, h, a, L = 4096, 1, 4096, 32, 32
+    assert activation_bytes(RUNNING_EXAMPLE, 1) == L * s * b * h * (34 + 5 * a * s / h)
+    assert activation_bytes(RUNNING_EXAMPLE, 2, "selective") == L * 34 * s * 2 * h
+    assert activation_bytes(RUNNING_EXAMPLE, 1, "full") == L * 2 * s * h
+
+
+def test_other_tools_formulas():
+    psi = 10**9
+    assert deepspeed_estimate(psi, 2, 8) == 4 * psi + 2 * psi  # 4Ψ + 16Ψ/N
+    assert deepspeed_estimate(psi, 3, 8, largest_layer_params=10**6) == 4 * 10**6 + int(18 * psi / 8)
+    assert accelerate_estimate(psi, "float32") == 16 * psi  # the max of the four parts
+    assert accelerate_estimate(psi, "bfloat16") == 8 * psi  # a max, not the 26Ψ sum
+
+
+def test_optimizer_state_formula_pads_to_ceil():
+    assert optimizer_state_bytes(10, 4) == 8 * 3
+    assert optimizer_state_bytes(10, 4, master_weights=True) == 12 * 3
+
+
+def test_lab_rows_and_figure():
+    rows = lab_rows(RUNNING_EXAMPLE_PARAMS, 8, 3, activations=18e9, gpu_bytes=80e9)
+    assert [r["stage"] for r in rows] == [0, 1, 2, 3] and [r["selected"] for r in rows] == [0, 0, 0, 1]
+    assert [r["fits"] for r in rows] == [False, True, True, True]
+    for r in rows:
+        assert r["total"] == pytest.approx(r["parameters"] + r["gradients"] + r["optimizer"] + r["activations"])
+    off = lab_rows(1e9, 4, 2, offload="optimizer+params")  # parameter offload only where valid
+    assert [r["offload"] for r in off] == ["optimizer"] * 3 + ["optimizer+params"]
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig = lab_figure(rows, 80e9)
+    assert len(fig.axes[0].patches) == 17  # 4 stages × 4 parts + the selected outline
+    plt.close(fig)
+
+
+def test_memory_lab_widget_builds_and_recomputes():
+    import matplotlib
+    matplotlib.use("Agg")
+    from m11_helpers.zero import memory_lab
+    lab = memory_lab()
+    names = [c.description for c in lab.children[:-1]]
+    assert names == ["parameters (B)", "GPUs (N)", "stage", "offload", "include activations",
+                     "activations (GB)", "GPU memory (GB)"]
+    lab.children[1].value = 64  # moving a slider re-runs the computation without error
+    assert lab.result is None
+
+
+def test_adamw_update_is_bitwise_torch_adamw():
+    torch.manual_seed(0)
+    p = torch.nn.Parameter(torch.randn(100))
+    q = p.detach().clone()
+    m, v = torch.zeros(100), torch.zeros(100)
+    opt = torch.optim.AdamW([p], lr=1e-2, foreach=False)
+    for step in range(1, 4):
+        g = torch.randn(100)
+        p.grad = g.clone()
+        opt.step()
+        adamw_update(q, g, m, v, step, 1e-2, 0.9, 0.999, 1e-8, 1e-2)
+    assert torch.equal(p.detach(), q)
+
+
+def test_sharded_adamw_bitwise_equal_on_2_processes_and_state_is_the_formula():
+    out = launch(compare_with_adamw, steps=2, num_processes=2, show_output=False)
+    for r in out:
+        assert r["bitwise_equal"] and torch.equal(r["exp_avg"], r["ref_exp_avg"])
+        assert r["state_bytes"] == optimizer_state_bytes(param_count(TINY_GPT), 2) == r["adamw_state_bytes"] // 2
+
+
+def test_sharded_adamw_matches_adamw_on_4_processes_to_float_tolerance():
+    # Ψ = 38 is not divisible by 4: the last shard is padded
+    out = launch(compare_with_adamw, steps=3, sizes=(3, 5, 3), num_processes=4, show_output=False)
+    for r in out:
+        for a, b in zip(r["params"], r["ref_params"]):
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)  # gloo sums 4 ranks in another order
+        torch.testing.assert_close(r["exp_avg"], r["ref_exp_avg"], rtol=1e-6, atol=1e-9)  # the gradient was averaged
+        assert r["state_bytes"] == optimizer_state_bytes(38, 4) == 8 * math.ceil(38 / 4)
+    assert all(torch.equal(a, b) for a, b in zip(out[0]["params"], out[3]["params"]))  # ranks agree
+
+
+def test_zero_redundancy_optimizer_equals_adamw_and_splits_state():
+    out = launch(zero_redundancy_report, steps=1, num_processes=2, show_output=False)
+    assert all(r["bitwise_equal"] for r in out)
+    assert sum(r["params_on_rank"] for r in out) == param_count(TINY_GPT)
+    assert sum(r["state_bytes"] for r in out) == 8 * param_count(TINY_GPT)
