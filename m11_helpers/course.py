@@ -12,18 +12,9 @@ import time
 from pathlib import Path
 
 import nbformat
+from m11_helpers.paths import repo_root
 
 WARNINGS = ("DeprecationWarning", "FutureWarning")
-
-
-def repo_root(start: Path | None = None) -> Path:
-    """The folder holding pyproject.toml, from `start` (default: cwd) upward."""
-    here = (start or Path.cwd()).resolve()
-    for folder in (here, *here.parents):
-        if (folder / "pyproject.toml").exists() and (folder / "m11_helpers").is_dir():
-            return folder
-    raise FileNotFoundError("run this inside the course repository (no pyproject.toml with m11_helpers/ found above "
-                            f"{here})")
 
 
 def execute(path: Path, cell_timeout: int = 120) -> tuple[nbformat.NotebookNode, float]:

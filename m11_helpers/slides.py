@@ -21,21 +21,13 @@ from pathlib import Path
 import nbformat
 
 from m11_helpers.assets import assets_dir, installed
+from m11_helpers.paths import repo_root
 
 TEMPLATES = Path(__file__).parent / "templates"
 ASSETS = "_assets"  # folder next to the decks; all decks share it
 CELL_TIMEOUT_S = 300  # per cell, for --execute: a lesson runs in under 60 s on 2 cores
 HEADING = re.compile(r"^\s*#{1,6}\s+(.+?)\s*#*\s*$", re.M)
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
-
-
-def repo_root(start: Path | None = None) -> Path:
-    """The nearest folder, from start (default cwd) upward, that holds pyproject.toml."""
-    here = (start or Path.cwd()).resolve()
-    for folder in (here, *here.parents):
-        if (folder / "pyproject.toml").is_file():
-            return folder
-    raise ValueError(f"start={str(here)!r}: no pyproject.toml here or above; run from the repo")
 
 
 def deck_title(nb: nbformat.NotebookNode, fallback: str) -> str:

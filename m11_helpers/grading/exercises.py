@@ -30,6 +30,7 @@ import nbformat
 from nbformat import NotebookNode
 
 from m11_helpers.notebooks import clean, dumps
+from m11_helpers.paths import repo_root as find_repo_root
 
 __all__ = ["ExerciseError", "find_repo_root", "m11_meta", "validate", "make_exercise", "sync", "main"]
 
@@ -40,15 +41,6 @@ ROLES = ("solution", "check")
 
 class ExerciseError(ValueError):
     """A solution notebook breaks the exercise conventions; the message lists every problem."""
-
-
-def find_repo_root(start: str | Path | None = None) -> Path:
-    """The nearest folder at or above `start` (default: cwd) holding a pyproject.toml."""
-    here = Path(start or Path.cwd()).resolve()
-    for folder in (here, *here.parents):
-        if (folder / "pyproject.toml").is_file():
-            return folder
-    raise ValueError(f"start={str(here)!r}: no pyproject.toml here or above; run inside the repo")
 
 
 def m11_meta(cell: NotebookNode) -> dict:
