@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import nbformat
+
 from m11_helpers.paths import repo_root
 
 WARNINGS = ("DeprecationWarning", "FutureWarning")
