@@ -288,6 +288,7 @@ def launch(
     import torch.distributed  # noqa: F401 - imported once here, inherited by every forked rank
     import accelerate.state  # noqa: F401 - importing it in each rank costs seconds on a busy machine
     import accelerate.utils  # noqa: F401
+    import torch._dynamo  # noqa: F401 - DDP's and the optimizers' constructors import it: seconds per rank
 
     if p.device == "cuda" and torch.cuda.is_initialized():
         raise LaunchError("CUDA was already initialised in this process, and forked ranks cannot re-initialise it: "
@@ -508,7 +509,8 @@ def accelerate_command(script: str, *args: str, num_processes: int, num_machines
                        main_process_port: int | None = None, mixed_precision: str = "no",
                        cpu: bool = True) -> list[str]:
     """The `accelerate launch` command line for a script (what a learner types on a GPU box or cluster)."""
-    cmd = ["accelerate", "launch", "--multi_gpu", "--num_processes", str(num_processes),
+    multi = ["--multi_gpu"] if num_processes > 1 else []  # accelerate refuses --multi_gpu for one process
+    cmd = ["accelerate", "launch", *multi, "--num_processes", str(num_processes),
            "--num_machines", str(num_machines), "--mixed_precision", mixed_precision, "--dynamo_backend", "no"]
     if num_machines > 1:
         cmd += ["--machine_rank", str(machine_rank), "--main_process_ip", main_process_ip or "127.0.0.1"]

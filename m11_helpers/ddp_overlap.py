@@ -1,0 +1,186 @@
+"""Overlap, seen and modelled: a DDP timeline recorded with a communication hook, and a step-time model.
+
+    timeline = record_timeline(bucket_cap_mb=0.1)        # inside a rank started by launch()
+    plot_timeline(timeline)
+
+The model is lesson 02's α–β model (`comm_model.py`): a ring all-reduce of S bytes on n ranks takes
+    T = 2(n−1)·α + 2(n−1)/n · S·β        (β in seconds per byte; Patarasuk & Yuan 2009)
+and with overlap a step ends when the last bucket's all-reduce ends (`overlap_end`).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch._dynamo  # noqa: F401  why: DDP imports it lazily (~5 s per rank on 2 cores); imported once, forks inherit it
+import torch.distributed as dist
+
+from m11_helpers.comm_model import ring_allreduce_time
+
+__all__ = ["record_timeline", "plot_timeline", "measure_step", "hidden_fraction", "overlap_end", "ddp_step_time"]
+
+
+def overlap_end(ready: list[float], comm: list[float]) -> float:
+    """End of the last all-reduce when bucket i is ready at ready[i] and its all-reduce takes comm[i].
+
+    One communication stream: end_i = max(end_{i−1}, ready_i) + comm_i (buckets go in order).
+    """
+    if len(ready) != len(comm):
+        raise ValueError(f"ready and comm must have the same length, got {len(ready)} and {len(comm)}")
+    end = 0.0
+    for r, c in zip(ready, comm):
+        end = max(end, r) + c
+    return end
+
+
+def ddp_step_time(forward_s: float, backward_s: float, grad_bytes: float, world_size: int, buckets: int,
+                  alpha: float, beta: float, overlap: bool = True) -> dict:
+    """One DDP step: forward, then backward with `buckets` equal buckets ready at even intervals (β: s/byte).
+
+    Without overlap the all-reduces start after backward; with it, bucket i starts when ready. Only
+    the last bucket can never hide: it is ready when backward ends.
+    """
+    if buckets < 1:
+        raise ValueError(f"buckets must be >= 1, got {buckets}")
+    if forward_s < 0 or backward_s < 0:
+        raise ValueError("forward_s and backward_s must be >= 0")
+    per_bucket = ring_allreduce_time(grad_bytes / buckets, world_size, alpha, beta)
+    comm = per_bucket * buckets  # more buckets: more α terms, the same bytes
+    if overlap:
+        ready = [backward_s * (i + 1) / buckets for i in range(buckets)]
+        end = overlap_end(ready, [per_bucket] * buckets)
+    else:
+        end = backward_s + comm
+    step = forward_s + max(end, backward_s)
+    compute = forward_s + backward_s
+    return {"step_s": step, "compute_s": compute, "comm_s": comm, "exposed_comm_s": step - compute,
+            "efficiency": compute / step}
+
+
+# ---------------------------------------------------------------------------------------------
+# The real thing: a comm hook that timestamps every bucket's all-reduce
+# ---------------------------------------------------------------------------------------------
+
+
+def record_timeline(bucket_cap_mb: float = 25.0, iterations: int = 3, batch: int = 16, seed: int = 0) -> list[dict]:
+    """Run DDP on the tiny GPT inside a launched rank; per iteration, when each bucket's all-reduce ran.
+
+    Returns one dict per iteration: backward_s (its duration), grads (per-parameter time its gradient
+    was ready, in reverse-ready order) and buckets [(index, numel, start, end)], all in seconds from
+    the start of backward. A comm hook wraps the default all-reduce hook and times it with fut.then().
+    """
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from m11_helpers.data import tokens
+    from m11_helpers.models import tiny_gpt
+
+    model = tiny_gpt(seed)
+    ddp = DDP(model, bucket_cap_mb=bucket_cap_mb)
+    t0 = [0.0]
+    events: list[tuple] = []
+    ready: list[float] = []
+
+    def hook(state, bucket):
+        start = time.perf_counter() - t0[0]
+        fut = default_hooks.allreduce_hook(state, bucket)  # sums then divides by N, as DDP does
+
+        def done(f):
+            events.append((bucket.index(), bucket.buffer().numel(), start, time.perf_counter() - t0[0]))
+            return f.value()[0]
+
+        return fut.then(done)
+
+    ddp.register_comm_hook(None, hook)
+    for p in model.parameters():  # when each gradient lands: the compute side of the timeline
+        p.register_post_accumulate_grad_hook(lambda p: ready.append(time.perf_counter() - t0[0]))
+    x, y = tokens(n=batch, seed=seed + dist.get_rank()).tensors  # (batch, T): each rank its own shard
+    out = []
+    for _ in range(iterations):
+        events.clear()
+        ready.clear()
+        loss = ddp(x, y)
+        t0[0] = time.perf_counter()
+        loss.backward()  # hooks fire in here; the last futures complete before backward returns
+        out.append({"backward_s": time.perf_counter() - t0[0], "grads": list(ready),
+                    "buckets": sorted(events)})
+    del ddp  # see CPU-DISTRIBUTED-FACTS: a live DDP model at exit can abort the process
+    return out
+
+
+def hidden_fraction(iteration: dict) -> float:
+    """Share of all-reduce time that ran while gradients were still being computed (before the last one landed)."""
+    compute_end = max(iteration["grads"])
+    total = sum(e - s for _, _, s, e in iteration["buckets"])
+    hidden = sum(max(0.0, min(e, compute_end) - s) for _, _, s, e in iteration["buckets"])
+    return hidden / total if total > 0 else 0.0
+
+
+def plot_timeline(iterations: list[dict], titles: list[str] | None = None, ax=None):
+    """Gantt chart: backward (grey) with ticks where gradients land, one bar per bucket's all-reduce."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, axes = plt.subplots(len(iterations), 1, figsize=(8, 1.2 + 0.9 * len(iterations)), squeeze=False)
+        axes = axes[:, 0]
+    else:
+        axes = [ax]
+    for k, (it, a) in enumerate(zip(iterations, axes)):
+        ms = 1e3
+        a.barh(0, it["backward_s"] * ms, color="0.8", height=0.6, label="backward (compute)")
+        a.plot([g * ms for g in it["grads"]], [0] * len(it["grads"]), "|", color="k", ms=10, label="a gradient lands")
+        for i, (idx, numel, s, e) in enumerate(it["buckets"]):
+            a.barh(1, (e - s) * ms, left=s * ms, color=plt.cm.tab10(idx % 10), height=0.6, edgecolor="k")
+            a.text((s + e) / 2 * ms, 1, str(idx), ha="center", va="center", fontsize=8)
+        a.set_yticks([0, 1], ["backward", "all-reduce\n(bucket #)"])
+        a.set_ylim(-0.6, 1.6)
+        if titles:
+            a.set_title(titles[k], fontsize=10)
+    axes[-1].set_xlabel("ms since backward started (rank 0)")
+    axes[0].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)  # outside: never over a bar
+    plt.tight_layout()
+    return axes
+
+
+def measure_step(steps: int = 6, batch: int = 8, seed: int = 0) -> dict:
+    """Inside a launched rank: DDP on the tiny GPT, `batch` sequences per rank (weak scaling), timed.
+
+    Returns step_s (forward + backward with all-reduce + optimizer), local_s (the same step under
+    `no_sync()`, i.e. no communication) and samples_per_s for the whole group. Uses this rank's GPU
+    when the launch put one there (NCCL), else the CPU (gloo).
+    """
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from m11_helpers.data import tokens
+    from m11_helpers.models import tiny_gpt
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    on_gpu = torch.cuda.is_available() and dist.get_backend() == "nccl"
+    device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
+    model = tiny_gpt(seed).to(device)
+    ddp = DDP(model, device_ids=[device.index] if on_gpu else None)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = (t.to(device) for t in tokens(n=batch, seed=seed + rank).tensors)  # (batch, T) each
+
+    def timed(sync: bool) -> float:
+        times = []
+        for i in range(steps + 2):  # two untimed steps: DDP rebuilds its buckets after the first
+            dist.barrier()
+            start = time.perf_counter()
+            if sync:
+                ddp(x, y).backward()
+            else:
+                with ddp.no_sync():  # gradients stay local: the step without communication
+                    ddp(x, y).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            if on_gpu:
+                torch.cuda.synchronize()
+            if i >= 2:
+                times.append(time.perf_counter() - start)
+        return sorted(times)[len(times) // 2]  # median: robust to a neighbour stealing the core
+
+    step_s, local_s = timed(True), timed(False)
+    del ddp
+    return {"step_s": step_s, "local_s": local_s, "samples_per_s": batch * world / step_s, "device": device.type}
