@@ -1,0 +1,198 @@
+"""Real-browser checks with the OS's headless Chromium (no browser download), over the DevTools protocol.
+
+1. Lesson 00's deck, opened from disk with every host name unresolvable: reveal.js starts, the right
+   arrow key and `Reveal.next()` step through the slides, and nothing outside the deck's folder is
+   requested.
+2. JupyterLab on a free port with a known token: open the ZeRO memory lab, *Run ▸ Run All Cells* from
+   the menu, drag the "GPUs (N)" slider, and see the plot and the summary change.
+
+Screenshots go to build/test-artifacts/browser/. Both tests skip, saying why, without Chromium.
+The lab test opens a copy of course/05_zero_fsdp.ipynb cut to its title, setup and lab cells (the
+whole lesson takes over a minute on 2 cores); M11_BROWSER_FULL=1 opens and runs the whole lesson.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from m11_helpers.assets import assets_dir, installed
+from m11_helpers.browser import Chromium, JupyterLab, find_chromium, wait_for
+from m11_helpers.slides import build_deck
+
+REPO = Path(__file__).resolve().parents[1]
+ARTIFACTS = REPO / "build" / "test-artifacts" / "browser"
+LESSON_00 = REPO / "course" / "00_welcome.ipynb"
+ZERO_LESSON = REPO / "course" / "05_zero_fsdp.ipynb"
+FULL = os.environ.get("M11_BROWSER_FULL") == "1"
+
+pytestmark = pytest.mark.skipif(
+    find_chromium() is None,
+    reason="Chromium is not installed: `apt-get install -y chromium` (.ci/run does), or set M11_CHROMIUM",
+)
+needs_assets = pytest.mark.skipif(
+    not installed(assets_dir()),
+    reason=f"slide assets not in {assets_dir()}: run `.venv/bin/python -m m11_helpers.assets`",
+)
+
+# reveal.js is an AMD module under require.js (no global `Reveal`): reach it through require
+REVEAL = "new Promise(ok => require(['_assets/reveal.js/dist/reveal.js'], R => ok(R.{call})))"
+
+
+# ------------------------------------------------------------------------------------------------
+# 1. a deck, offline, from disk
+# ------------------------------------------------------------------------------------------------
+
+
+@needs_assets
+def test_lesson_00_deck_steps_through_slides_offline(tmp_path: Path) -> None:
+    deck = build_deck(LESSON_00, tmp_path / "slides")
+    shots = ARTIFACTS / "deck"
+    shutil.rmtree(shots, ignore_errors=True)
+    with Chromium(offline=True) as page:
+        page.goto(deck.as_uri())
+        wait_for(lambda: page.evaluate(REVEAL.format(call="isReady()")), 30, "reveal.js to initialise")
+        total = page.evaluate(REVEAL.format(call="getTotalSlides()"))
+        assert total > 3, f"lesson 00's deck has only {total} slides"
+        indices = lambda: page.evaluate(REVEAL.format(call="getIndices()"))  # noqa: E731
+        assert indices() == {"h": 0, "v": 0}
+        assert "WELCOME" in page.evaluate("document.querySelector('.slides section').innerText").upper()
+        page.screenshot(shots / "slide-00.png")
+
+        seen = [indices()]
+        page.key("ArrowRight", key_code=39)  # as a presenter would: the keyboard
+        wait_for(lambda: indices() != seen[0], 10, "the right arrow key to change the slide")
+        seen.append(indices())
+        time.sleep(0.8)  # let the slide transition finish before the picture
+        page.screenshot(shots / "slide-01.png")
+        for n in range(2, 5):  # and through the API a remote control would use
+            page.evaluate(REVEAL.format(call="next()"))
+            wait_for(lambda: indices() != seen[-1], 10, "Reveal.next() to change the slide")
+            seen.append(indices())
+            time.sleep(0.8)
+            page.screenshot(shots / f"slide-{n:02d}.png")
+        # each step shows something new (a slide, or the next fragment of one), never goes back
+        steps = [(i["h"], i["v"], i.get("f", -1)) for i in seen]
+        assert steps == sorted(set(steps)), f"a step repeated or went back: {seen}"
+        slides = sorted({(h, v) for h, v, _ in steps})
+        assert len(slides) >= 3, f"five steps crossed only {slides}"
+        # reveal agrees we moved on (the arrow key skips a vertical sub-slide, so it may count more)
+        assert page.evaluate(REVEAL.format(call="getSlidePastCount()")) >= len(slides) - 1
+        assert page.evaluate(REVEAL.format(call="getCurrentSlide().innerText.trim().length")) > 0
+
+        remote = [u for u in page.requests() if not u.startswith(("file:", "data:", "blob:", "about:"))]
+        assert remote == [], f"the deck asked the network for {remote}"
+        assert page.failed_requests() == [], f"missing files: {page.failed_requests()}"
+        assert page.evaluate("document.querySelector('.slides').innerText").count("Traceback") == 0
+
+
+# ------------------------------------------------------------------------------------------------
+# 2. the ZeRO memory lab in JupyterLab, driven by the mouse
+# ------------------------------------------------------------------------------------------------
+
+FIXTURE_LAB = '''\
+import ipywidgets as w
+import matplotlib.pyplot as plt
+from IPython.display import HTML, display
+
+def draw(gpus):
+    display(HTML(f"<b>memory</b> on {gpus} GPUs"))
+    fig, ax = plt.subplots(figsize=(6, 3))
+    ax.bar(["DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3"], [16, 4 + 12 / gpus, 2 + 14 / gpus, 16 / gpus])
+    plt.show()
+
+w.interactive(draw, gpus=w.IntSlider(value=8, min=1, max=1024, description="GPUs (N)"))'''
+
+
+def lab_notebook(course: Path) -> tuple[str, int]:
+    """Write the notebook to open into course/; return its name and its number of code cells.
+
+    The lesson's own lab when 05_zero_fsdp.ipynb calls `memory_lab`, else a fixture with the same
+    shape (an IntSlider "GPUs (N)" driving a matplotlib plot through `interactive`)."""
+    if ZERO_LESSON.is_file():
+        nb = nbformat.read(ZERO_LESSON, as_version=4)
+        lab = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and "memory_lab(" in c.source]
+        if lab and FULL:
+            return ZERO_LESSON.name, sum(c.cell_type == "code" for c in nb.cells)
+        if lab:
+            setup = [c for c in nb.cells[: lab[0]] if c.cell_type == "code" and "setup(" in c.source]
+            heading = nb.cells[lab[0] - 1] if nb.cells[lab[0] - 1].cell_type == "markdown" else None
+            nb.cells = [nb.cells[0], *setup[:1], nbformat.v4.new_code_cell("from m11_helpers import zero"),
+                        *([heading] if heading else []), nb.cells[lab[0]]]
+            nbformat.write(nb, course / "05_zero_fsdp_lab.ipynb")
+            return "05_zero_fsdp_lab.ipynb", sum(c.cell_type == "code" for c in nb.cells)
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# Memory lab (fixture)"),
+                                         nbformat.v4.new_code_cell(FIXTURE_LAB)])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, course / "lab_fixture.ipynb")
+    return "lab_fixture.ipynb", 1
+
+
+NOTEBOOK_READY = """(() => document.querySelectorAll('.jp-Notebook .jp-Cell').length > 0
+    && !/No Kernel/.test(document.querySelector('.jp-NotebookPanel-toolbar')?.textContent ?? 'No Kernel')
+    && document.querySelector('.jp-Notebook-ExecutionIndicator')?.dataset.status === 'idle')()"""
+
+# the lab's visible state: the slider's readout, the summary line, the plot's image data
+LAB_STATE = """(() => {
+    const box = document.querySelector('.widget-interact'); if (!box) return null;
+    const slider = [...box.querySelectorAll('.widget-slider')]
+        .find(e => e.querySelector('.widget-label')?.textContent.trim() === 'GPUs (N)');
+    if (!slider) return null;
+    slider.querySelector('.noUi-handle').setAttribute('data-m11-test', 'gpus');
+    const img = box.querySelector('.jp-OutputArea-output img');
+    return {readout: slider.querySelector('.widget-readout').textContent.trim(), img: img ? img.src : '',
+            summary: box.querySelector('.jp-OutputArea-output b')?.closest('.jp-OutputArea-output')?.innerText ?? ''};
+})()"""
+
+
+@pytest.mark.slow
+def test_zero_memory_lab_runs_in_jupyterlab_and_slider_redraws(tmp_path: Path) -> None:
+    course = tmp_path / "course"
+    shutil.copytree(REPO / "course", course, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    name, code_cells = lab_notebook(course)
+    shots = ARTIFACTS / "lab"
+    shutil.rmtree(shots, ignore_errors=True)
+    slow = 4 if FULL else 1
+    with JupyterLab(course) as lab, Chromium(offline=True, height=900) as page:
+        page.goto(lab.url(f"lab/tree/{name}"), timeout=90)
+        wait_for(lambda: page.evaluate(NOTEBOOK_READY), 90, f"{name} to open with an idle kernel")
+        page.screenshot(shots / "01-opened.png")
+
+        page.click("li.lm-MenuBar-item", "Run")  # Run ▸ Run All Cells, with the mouse
+        run_all = '.lm-Menu-item[data-command="runmenu:run-all"]'
+        wait_for(lambda: page.evaluate(f"!!document.querySelector('{run_all}')"), 10, "the Run menu to open")
+        page.click(run_all)
+
+        def settled():
+            state = page.evaluate(LAB_STATE)
+            return state if state and state["img"].startswith("data:image/png") and state["summary"] else None
+
+        before = wait_for(settled, 60 * slow, "the lab's plot to appear")
+        wait_for(lambda: page.evaluate(NOTEBOOK_READY), 30 * slow, "the kernel to finish")
+        prompts = page.evaluate("[...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')]"
+                                ".map(e => e.textContent.trim())")
+        # every code cell ran: a number in its prompt, none left at [*] or [ ]
+        assert len(prompts) == code_cells and all(re.fullmatch(r"\[\d+\]:", p) for p in prompts), prompts
+        errors = page.evaluate("[...document.querySelectorAll('.jp-OutputArea-output[data-mime-type*=error]')]"
+                               ".map(e => e.innerText.slice(0, 300))")
+        assert errors == [], f"a cell failed: {errors}"
+        assert f"on {before['readout']} GPUs" in before["summary"], before["summary"]
+        page.screenshot(shots / "02-ran-all.png")
+
+        page.drag('[data-m11-test="gpus"]', 40)  # a user dragging the slider's handle to the right
+
+        def redrawn():
+            now = settled()
+            return now if (now and now["readout"] != before["readout"]
+                           and f"on {now['readout']} GPUs" in now["summary"]) else None
+
+        after = wait_for(redrawn, 30, "the plot to follow the slider")
+        page.screenshot(shots / "03-slider-moved.png")
+        assert int(after["readout"]) > int(before["readout"])
+        assert after["img"] != before["img"], "the slider moved but the plot did not change"

@@ -1,0 +1,106 @@
+"""The student repository template grades itself: its workflow's `run:` steps, run locally.
+
+The steps of `.github/workflows/grade.yml` run in order in a copy of the template holding one
+exercise notebook, with `if: always()` honoured, the install step replaced by this checkout's
+package (already on PATH), and `$GITHUB_STEP_SUMMARY` pointed at a file. `uses:` steps (checkout,
+setup-python, upload-artifact) are GitHub's; for the upload we check that its paths exist.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+yaml = pytest.importorskip("yaml", reason="PyYAML (a jupyter_events dependency) is needed to read the workflow")
+
+REPO = Path(__file__).resolve().parents[1]
+TEMPLATE = REPO / "m11_helpers" / "templates" / "student_repo"
+WORKFLOW = TEMPLATE / ".github" / "workflows" / "grade.yml"
+LESSON = "01_hardware.ipynb"  # formulas only, no processes: grades in seconds
+COURSE_URL = "git+https://github.com/m11-course/training-at-scale"
+
+
+def workflow() -> dict:
+    return yaml.safe_load(WORKFLOW.read_text())
+
+
+def run_job(repo: Path, min_score: str, only: str | None = None) -> tuple[int, list[tuple[str, int]], str]:
+    """Run the job's steps in repo; return the job's exit code, (step, exit code) pairs, the summary."""
+    wf = workflow()
+    (job,) = wf["jobs"].values()
+    summary = repo / "step_summary.md"
+    summary.write_text("")
+    env = dict(os.environ)
+    env.update({k: str(v) for k, v in {**wf.get("env", {}), **job.get("env", {})}.items() if "${{" not in str(v)})
+    env.update(MIN_SCORE=min_score, GITHUB_STEP_SUMMARY=str(summary), CI="true",
+               PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    failed, ran = False, []
+    for step in job["steps"]:
+        name = step.get("name") or step.get("uses", "")
+        if "run" not in step or (only and name != only):
+            if "upload-artifact" in step.get("uses", "") and not only:
+                paths = step["with"]["path"].split()
+                assert all((repo / p).is_file() for p in paths), f"nothing to upload: {paths}"
+            continue
+        if "pip install" in step["run"]:  # the course is this checkout, installed in .venv
+            continue
+        if failed and "always()" not in str(step.get("if", "")):
+            continue
+        proc = subprocess.run(["bash", "-eo", "pipefail", "-c", step["run"]], cwd=repo, env=env,
+                              capture_output=True, text=True, timeout=600)
+        ran.append((name, proc.returncode))
+        failed |= proc.returncode != 0
+    return int(failed), ran, summary.read_text()
+
+
+def student_repo(tmp_path: Path, notebook: Path) -> Path:
+    repo = tmp_path / "student"
+    shutil.copytree(TEMPLATE, repo)
+    shutil.copy(notebook, repo / "exercises" / LESSON)
+    return repo
+
+
+def test_workflow_installs_the_course_grades_uploads_and_gates() -> None:
+    wf = workflow()
+    (job,) = wf["jobs"].values()
+    runs = "\n".join(s.get("run", "") for s in job["steps"])
+    assert COURSE_URL in str(wf["env"]) and "pip install" in runs
+    assert "m11 grade exercises/ --min-score 0 --out reports/" in runs
+    assert "GITHUB_STEP_SUMMARY" in runs
+    uploads = [s for s in job["steps"] if "upload-artifact" in s.get("uses", "")]
+    assert uploads and {"reports/report.md", "reports/report.json", "reports/junit.xml"} <= set(
+        uploads[0]["with"]["path"].split())
+    assert "always()" in uploads[0].get("if", "")
+    assert "MIN_SCORE" in str(wf["env"]) and "min_score" in str(wf[True]["workflow_dispatch"]["inputs"])
+    # the threshold is an input with a repository-variable fallback, as the README says
+    assert re.search(r"inputs\.min_score\s*\|\|\s*vars\.M11_MIN_SCORE", wf["env"]["MIN_SCORE"])
+
+
+@pytest.mark.slow
+def test_unanswered_exercises_fail_the_threshold_but_still_report(tmp_path: Path) -> None:
+    repo = student_repo(tmp_path, REPO / "exercises" / LESSON)
+    code, ran, summary = run_job(repo, min_score="50")
+    assert code == 1, ran
+    assert ran[-1] == ("Fail below the threshold", 1), ran
+    assert ("Grade the exercises", 0) in ran  # --min-score 0: grading itself never fails the job
+    for name in ("report.md", "report.json", "junit.xml"):
+        assert (repo / "reports" / name).is_file(), name
+    assert "Total: 0 /" in summary and LESSON in summary
+    # the same reports pass a threshold of 0
+    code0, ran0, _ = run_job(repo, min_score="0", only="Fail below the threshold")
+    assert (code0, ran0) == (0, [("Fail below the threshold", 0)])
+
+
+@pytest.mark.slow
+def test_answered_exercises_pass_the_threshold(tmp_path: Path) -> None:
+    repo = student_repo(tmp_path, REPO / "solutions" / LESSON)
+    code, ran, summary = run_job(repo, min_score="100")
+    assert code == 0, ran
+    assert [c for _, c in ran] == [0, 0, 0], ran
+    assert "(100%)" in summary
