@@ -1,0 +1,122 @@
+"""What every launch shares: the errors it raises, the plan it makes, and how it stops processes."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import dataclasses
+import os
+import signal
+import time
+from typing import Sequence
+
+import psutil
+
+class LaunchError(RuntimeError):
+    """One or more ranks failed; `.failures` maps rank -> traceback (or reason)."""
+
+    def __init__(self, message: str, failures: dict[int, str] | None = None, output: str = ""):
+        super().__init__(message)
+        self.failures = failures or {}
+        self.output = output
+
+
+class LaunchTimeout(LaunchError):
+    """Some ranks did not finish within `timeout` (a collective that never completes, a hang)."""
+
+
+# ----------------------------------------------------------------------------------------------
+# Where to run: a plan a learner can print
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What a launch of `num_processes` ranks will use on this machine."""
+
+    num_processes: int
+    device: str  # "cpu" or "cuda"
+    backend: str  # "gloo" or "nccl"
+    threads_per_process: int
+
+    def __str__(self) -> str:
+        where = "one GPU each" if self.device == "cuda" else f"{self.threads_per_process} CPU thread each"
+        return f"{self.num_processes} processes, {self.backend} backend, {where}"
+
+
+def _cpu_limit() -> int:
+    # Oversubscribing cores works (the course runs 4 ranks on 2 cores) but far past that every
+    # rank just waits for a core: refuse rather than crawl.
+    return max(8, 4 * (os.cpu_count() or 1))
+
+
+def plan(num_processes: int = 2, device: str = "auto", threads_per_process: int = 1) -> Plan:
+    """Choose device and backend for a launch, validating the arguments (ValueError says what to pass)."""
+    if isinstance(num_processes, bool) or not isinstance(num_processes, int) or num_processes < 1:
+        raise ValueError(f"num_processes must be an integer >= 1, got {num_processes!r}")
+    if device not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"device must be one of 'auto', 'cpu', 'cuda', got {device!r}")
+    if isinstance(threads_per_process, bool) or not isinstance(threads_per_process, int) or threads_per_process < 1:
+        raise ValueError(f"threads_per_process must be an integer >= 1, got {threads_per_process!r}")
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if device == "cuda" and num_processes > gpus:
+        raise ValueError(
+            f"num_processes={num_processes} with device='cuda' needs one GPU per process, "
+            f"but this machine has {gpus}: pass num_processes <= {gpus} or device='cpu'"
+        )
+    use_cuda = device == "cuda" or (device == "auto" and 0 < num_processes <= gpus)
+    if not use_cuda and num_processes > _cpu_limit():
+        raise ValueError(
+            f"num_processes={num_processes} is more than this machine can run sensibly on CPU "
+            f"({os.cpu_count()} cores): pass num_processes <= {_cpu_limit()}"
+        )
+    return Plan(num_processes, "cuda" if use_cuda else "cpu", "nccl" if use_cuda else "gloo", threads_per_process)
+
+
+# ----------------------------------------------------------------------------------------------
+# Small process utilities
+# ----------------------------------------------------------------------------------------------
+
+
+def _die_with_parent() -> None:
+    """Linux: get SIGKILL when the process that forked us dies (a crashed kernel leaves nothing)."""
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+
+
+def kill_tree(pids: Sequence[int], grace: float = 0.0) -> None:
+    """SIGKILL each pid and everything it started, then reap; `grace` seconds of SIGTERM first."""
+    procs: list[psutil.Process] = []
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            p = psutil.Process(pid)
+            procs += p.children(recursive=True) + [p]
+    if grace > 0:
+        for p in procs:
+            with contextlib.suppress(psutil.Error):
+                p.terminate()
+        _, procs = psutil.wait_procs(procs, timeout=grace)
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(procs, timeout=5)
+    for pid in pids:  # reap our own children so none stays a zombie
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, os.WNOHANG)
+
+
+
+def _exit_reason(pid: int) -> str:
+    """Why a child ended, from its wait status (it may still be exiting: wait briefly)."""
+    for _ in range(50):
+        with contextlib.suppress(ChildProcessError):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                if os.WIFSIGNALED(status):
+                    return f"killed by signal {signal.Signals(os.WTERMSIG(status)).name}"
+                return f"exited with code {os.WEXITSTATUS(status)}"
+        time.sleep(0.01)
+    return "closed its result pipe without reporting"
