@@ -162,6 +162,7 @@ if acc.is_main_process:
 if sys.argv[1:] == ["--fail"] and acc.process_index == 1:
     raise RuntimeError("rank one fails on purpose")
 report(rank=acc.process_index, total=total, world=acc.num_processes, kind=str(acc.distributed_type))
+acc.end_training()
 """
 
 

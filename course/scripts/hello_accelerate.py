@@ -17,3 +17,4 @@ total = accelerator.reduce(torch.tensor([float(rank)], device=accelerator.device
 if accelerator.is_main_process:  # only rank 0 prints: N ranks printing the same line is noise
     print(f"{accelerator.num_processes} processes, {accelerator.distributed_type}, sum of ranks = {total:g}")
 report(rank=rank, device=str(accelerator.device), sum_of_ranks=total)
+accelerator.end_training()  # destroy the process group before exit: a live one can abort at exit

@@ -201,4 +201,5 @@ for name in names:
         print(f"{name:>13}: loss {r['losses'][0]:.4f} -> {r['losses'][-1]:.4f}, step {1e3 * r['step_s']:.0f} ms, "
               f"params {r['parameters']} B, optimizer {r['optimizer']} B, activations {r['activations']} B")
 report(runs=runs, world=world, rank=rank, device=device.type)
-acc.end_training()
+acc.free_memory()  # drop the prepared (DDP) models first: a live DDP model at exit can abort the process
+acc.end_training()  # destroys the process group before the interpreter exits

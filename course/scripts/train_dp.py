@@ -50,4 +50,6 @@ if acc.is_main_process:  # only rank 0 logs
 checksum = sum(p.detach().double().sum().item() for p in acc.unwrap_model(model).parameters())
 report(losses=losses, world=acc.num_processes, kind=str(acc.distributed_type), rows_per_rank=local_rows,
        checksum=checksum, seconds=seconds)
-acc.end_training()
+del model, opt, loader
+acc.free_memory()  # drop the prepared (DDP) models first: a live DDP model at exit can abort the process
+acc.end_training()  # destroys the process group before the interpreter exits
