@@ -150,3 +150,23 @@ def test_sigkill_resumes_from_the_last_periodic_checkpoint(tmp_path, reference):
                             show_command=False, echo=False)
     assert resumed.results[0]["start"] == 10
     assert resumed.results[0]["checksum"] == reference["checksum"]
+
+
+def test_accelerate_save_state_preempt_then_resume_is_bit_identical(tmp_path, reference):
+    ckpt, acc_flag = tmp_path / "ckpt", "--accelerate-state"
+    full = launch_script(SCRIPT, *STEPS, "--ckpt-dir", tmp_path / "unused", acc_flag, num_processes=2,
+                         show_command=False, echo=False)
+    assert [r["done"] for r in full.results] == [True, True]
+    pre = launch_script(SCRIPT, *STEPS, "--ckpt-dir", ckpt, acc_flag, "--preempt-at", "9", num_processes=2,
+                        check=False, show_command=False, echo=False)
+    assert [r["preempted_at"] for r in pre.results] == [10, 10], pre.output[-3000:]
+    assert sorted(p.name for p in ckpt.iterdir()) == ["preempted"]  # renamed into place, no .tmp left
+    assert {"model.safetensors", "optimizer.bin", "random_states_0.pkl", "random_states_1.pkl",
+            "step.json"} <= {p.name for p in (ckpt / "preempted").iterdir()}
+    resumed = launch_script(SCRIPT, *STEPS, "--ckpt-dir", ckpt, acc_flag, "--resume", num_processes=2,
+                            show_command=False, echo=False)
+    assert resumed.results[0]["start"] == 10 and resumed.results[0]["resumed_from"] == "preempted"
+    checksum = full.results[0]["checksum"]
+    assert [r["checksum"] for r in resumed.results] == [checksum] * 2  # bitwise, both ranks
+    assert resumed.results[0]["losses"] == full.results[0]["losses"][10:]
+    assert checksum == reference["checksum"]  # same batches and noise as the course's own checkpoint mode

@@ -8,18 +8,26 @@ The notice is the real signal path: with --preempt-at K rank 0 sends SIGTERM to 
 `accelerate launch` (torchrun) agent, which forwards it to every rank, exactly as when the cloud (or
 `kill -TERM`, or SLURM's `--signal`) signals the job. --kill-at K is the hard case: every rank gets
 SIGKILL, no notice; only the periodic checkpoints (--ckpt-every) survive. Lesson 10.
+
+--accelerate-state does the same with Accelerate's own tools: `acc.save_state(folder)` (every rank's RNG,
+model, optimizer, and the scheduler registered with `acc.register_for_checkpointing`) plus the step in a
+small step.json beside them, `acc.load_state(folder)` on --resume, and a DataLoader-driven loop resumed
+with `accelerate.skip_first_batches(loader, step)`. Same batches, same noise: same weights, bit for bit.
 """
 
 import argparse
 import gc
+import json
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from accelerate import Accelerator
+from accelerate import Accelerator, skip_first_batches
+from torch.utils.data import DataLoader, TensorDataset
 
 from m11_helpers.data import regression
 from m11_helpers.fault_tolerance import (PreemptionNotice, atomic_save, batch_indices, gather_rng_states,
@@ -39,6 +47,8 @@ parser.add_argument("--preempt-at", type=int, default=-1, help="rank 0 raises th
 parser.add_argument("--kill-at", type=int, default=-1, help="every rank is SIGKILLed after this step (no notice)")
 parser.add_argument("--progress", default="", help="rank 0 writes the last finished step here (for tests)")
 parser.add_argument("--step-sleep", type=float, default=0.0, help="seconds of 'work' per step (for tests)")
+parser.add_argument("--accelerate-state", action="store_true",
+                    help="checkpoint with acc.save_state/load_state folders + skip_first_batches instead of .pt files")
 args = parser.parse_args()
 
 notice = PreemptionNotice()  # install the handler first: a notice during start-up is not lost
@@ -55,7 +65,9 @@ sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=args.steps)  # not
 ckpt_dir = Path(args.ckpt_dir)
 
 start, resumed_from = 0, None
-if args.resume and (path := latest_checkpoint(ckpt_dir)) is not None:
+if args.accelerate_state:
+    pass  # acc.load_state needs the prepared objects: see below
+elif args.resume and (path := latest_checkpoint(ckpt_dir)) is not None:
     state = load_checkpoint(path)  # weights_only=True
     model.load_state_dict(state["model"])
     opt.load_state_dict(state["optimizer"])
@@ -66,8 +78,58 @@ if args.resume and (path := latest_checkpoint(ckpt_dir)) is not None:
         print(f"resumed from {path.name} at step {start}")
 model, opt = acc.prepare(model, opt)  # DDP (rank 0's weights broadcast: equal to the loaded ones)
 
+local = args.batch // world
+if args.accelerate_state:
+    # This rank's rows of every global batch, exactly the rows of the default loop (batch_indices). The
+    # DataLoader is not prepared: the sharding is in the batch sampler. Its own generator keeps the
+    # iterator's base-seed draw off the global RNG, so making an iterator after a resume draws nothing
+    # from the noise stream.
+    rows = [batch_indices(s, args.batch, len(x_all), seed=args.seed)[rank * local:(rank + 1) * local].tolist()
+            for s in range(args.steps)]
+    loader = DataLoader(TensorDataset(x_all, y_all), batch_sampler=rows, generator=torch.Generator())
+    acc.register_for_checkpointing(sched)  # not prepared (that would step it once per process): saved as custom state
+
+    def latest_state(folder: Path) -> Path | None:
+        # A state folder is complete once it carries step.json under its final name (`.name.tmp` never is);
+        # a `.name.old` left by a kill between the two renames in save() still counts.
+        done = [d for d in folder.glob("*") if d.is_dir() and not d.name.endswith(".tmp")
+                and (d / "step.json").is_file()] if folder.is_dir() else []
+        return max(done, key=lambda d: (d / "step.json").stat().st_mtime_ns) if done else None
+
+    if args.resume and (path := latest_state(ckpt_dir)) is not None:
+        acc.load_state(str(path))  # model, optimizer, scheduler, and this rank's own RNG states
+        start, resumed_from = json.loads((path / "step.json").read_text())["step"], path.name
+        loader = skip_first_batches(loader, start)  # the data position: batches 0..start-1 are not read
+        if acc.is_main_process:
+            print(f"resumed from {path.name} at step {start}")
+
+
+def save_accelerate_state(step: int, name: str) -> None:
+    # acc.save_state writes its files (model.safetensors, optimizer.bin, random_states_{rank}.pkl, ...)
+    # in place, one by one, from several ranks: a kill mid-save would leave a torn folder. So every rank
+    # saves into a hidden sibling `.name.tmp`, and only when all are done does rank 0 add step.json and
+    # rename it into place (rename is atomic; the previous state stays whole until then).
+    final, tmp = ckpt_dir / name.removesuffix(".pt"), ckpt_dir / f".{name.removesuffix('.pt')}.tmp"
+    if acc.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)  # a torn save from an earlier kill
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
+    acc.wait_for_everyone()
+    acc.save_state(str(tmp))  # every rank: its RNG file; rank 0: model, optimizer, scheduler
+    acc.wait_for_everyone()
+    if acc.is_main_process:
+        (tmp / "step.json").write_text(json.dumps({"step": step, "world_size": world}))
+        old = ckpt_dir / f".{final.name}.old"
+        if final.exists():  # rename cannot replace a non-empty folder: move the old one aside first
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    acc.wait_for_everyone()
+
 
 def save(step: int, name: str) -> None:
+    if args.accelerate_state:
+        return save_accelerate_state(step, name)
     rngs = gather_rng_states()  # a collective: every rank calls it
     if acc.is_main_process:
         atomic_save({"model": acc.unwrap_model(model).state_dict(), "optimizer": opt.optimizer.state_dict(),
@@ -76,18 +138,25 @@ def save(step: int, name: str) -> None:
     acc.wait_for_everyone()
 
 
+def batches():
+    if args.accelerate_state:
+        yield from enumerate(loader, start=start)  # (B/N, 16), (B/N, 4)
+        return
+    for step in range(start, args.steps):
+        idx = batch_indices(step, args.batch, len(x_all), seed=args.seed)[rank * local:(rank + 1) * local]  # (B/N,)
+        yield step, (x_all[idx], y_all[idx])
+
+
 losses, preempted_at = [], None
-local = args.batch // world
-for step in range(start, args.steps):
+for step, (xb, yb) in batches():
     if notice.agreed():  # one all_reduce(MAX): every rank leaves at this same step
         save(step, "preempted.pt")  # `step` = the next step to run
         preempted_at = step
         if acc.is_main_process:
             print(f"spot notice received: checkpoint written at step {step}, exiting")
         break
-    idx = batch_indices(step, args.batch, len(x_all), seed=args.seed)[rank * local:(rank + 1) * local]  # (B/N,)
-    x = x_all[idx] + 0.05 * torch.randn(local, x_all.shape[1])  # (B/N, 16): noise from this rank's RNG
-    loss = torch.nn.functional.mse_loss(model(x), y_all[idx])
+    x = xb + 0.05 * torch.randn(local, x_all.shape[1])  # (B/N, 16): noise from this rank's RNG
+    loss = torch.nn.functional.mse_loss(model(x), yb)
     acc.backward(loss)
     opt.step()
     opt.zero_grad()
