@@ -1,8 +1,9 @@
 # The two set-up commands of the README:
-#   make lab    — set up (once) and open the course in JupyterLab
-#   make test   — set up (once) and run the whole test suite, as CI does
-# and a headless run of the course:
-#   make course — execute every course notebook, print each one's time, build the slides into build/
+#   make lab     — set up (once) and open the course in JupyterLab
+#   make test    — set up (once) and run the whole test suite, as CI does
+# and for contributors:
+#   make test-lesson N=05   — one lesson's tests, notebook, grading and wrong answers (about a minute)
+#   make course             — execute every course notebook, print each one's time, build the slides
 #
 # Set-up creates .venv when missing. TORCH_SPEC picks the torch build: the default pin matches the
 # CPU wheel on this project's machines; on a GPU box use e.g. `make test TORCH_SPEC=torch`.
@@ -12,15 +13,16 @@ TORCH_SPEC ?= torch==2.13.0
 VENV       := .venv
 BIN        := $(VENV)/bin
 STAMP      := $(VENV)/.m11-installed
+PYTEST     := M11_STRICT=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest
 
-.PHONY: lab course test exercises slides clean-notebooks doctor
+.PHONY: lab course test test-lesson lint exercises slides clean-notebooks doctor
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install -q -e ".[dev]"
-	$(BIN)/python -m m11_helpers.assets
+	$(BIN)/python -m pip install -q -e ".[lab,dev]"
+	-$(BIN)/python -m m11_helpers.tools.assets || echo "(no offline slide assets: decks will need --cdn; see m11 slides --help)"
 	touch $@
 
 lab: $(STAMP)
@@ -29,14 +31,25 @@ lab: $(STAMP)
 course: $(STAMP)
 	$(BIN)/m11 course
 
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
 test: $(STAMP)
-	M11_STRICT=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest --nbval-lax tests course
+	$(BIN)/ruff check .
+	$(PYTEST) --nbval-lax tests course
+
+test-lesson: $(STAMP)
+	@test -n "$(N)" || (echo "usage: make test-lesson N=05" && exit 2)
+	eval $(PYTEST) $$($(BIN)/python tests/support/lesson_tests.py $(N))
 
 exercises: $(STAMP)
 	$(BIN)/m11 make-exercises
 
 slides: $(STAMP)
 	$(BIN)/m11 slides
+
+clean-notebooks: $(STAMP)
+	$(BIN)/m11 nbclean course solutions exercises
 
 doctor: $(STAMP)
 	$(BIN)/m11 doctor

@@ -14,19 +14,26 @@ import time
 import torch
 
 from m11_helpers.attention import flash_attention, naive_attention
-from m11_helpers.fusion import (chain_inputs, fused_traffic_bytes, ln_bias_gelu_library, ln_bias_gelu_unfused,
-                                time_fn, traffic_bytes, try_compile)
+from m11_helpers.fusion import (
+    chain_inputs,
+    fused_traffic_bytes,
+    ln_bias_gelu_library,
+    ln_bias_gelu_unfused,
+    time_fn,
+    traffic_bytes,
+    try_compile,
+)
+from m11_helpers.timing import time_it
 
 
 def fwd_bwd(fn, q, k, v, repeats=3):
-    times = []
-    for _ in range(repeats + 1):
+    """Median seconds of forward + backward over `repeats` runs after one warm-up."""
+    def step():
         for t in (q, k, v):
-            t.grad = None
-        t0 = time.perf_counter()
+            t.grad = None  # a fresh backward each time, not one accumulating into .grad
         fn(q, k, v).sum().backward()
-        times.append(time.perf_counter() - t0)
-    return sorted(times[1:])[len(times[1:]) // 2]
+
+    return time_it(step, repeats=repeats, warmup=1).median
 
 
 def main():
@@ -35,7 +42,7 @@ def main():
     ap.add_argument("--no-compile", action="store_true")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    print(f"torch {torch.__version__}, {a.threads} thread(s)")
+    print(f"torch {torch.__version__}, {a.threads} thread(s); times are medians of a few runs")
     sdpa = lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
     print(f"{'s':>6} {'naive ms':>9} {'sdpa ms':>9} {'tiled ms':>9} {'naive/sdpa':>11} {'naive/tiled':>12}")
     for s in (256, 512, 1024, 2048):

@@ -4,34 +4,29 @@
     python benchmarks/bf16_speed.py --reps 10
 
 Prints, for the course's tiny GPT and for square matmuls of growing size, the time per
-forward+backward in each precision and the ratio to fp32 (>1 = slower than fp32). Lesson 06 cites
-it: on a CPU without 16-bit units (AVX2 only) bf16 is slower at every size; with AVX-512-BF16/AMX,
-large matmuls get faster while the tiny GPT (tiny tensors, cast overhead) stays slower. One thread,
-as the course runs on CPU. Not part of the test suite (timing).
+forward+backward (median of --reps runs, after one warm-up) in each precision and the ratio to
+fp32 (>1 = slower than fp32). Lesson 06 cites it: on a CPU without 16-bit units (AVX2 only) bf16
+is slower at every size; with AVX-512-BF16/AMX, large matmuls get faster while the tiny GPT (tiny
+tensors, cast overhead) stays slower. One thread, as the course runs on CPU. Not part of the test
+suite (timing).
 """
 
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 
 from m11_helpers.data import tokens
+from m11_helpers.mixed_precision import cpu_16bit_support
 from m11_helpers.models import tiny_gpt
-from m11_helpers.precision import cpu_16bit_support
+from m11_helpers.timing import time_it
 
 
 def timed(fn, reps: int, device: str) -> float:
-    fn()  # warm-up: kernel selection, allocator
-    if device == "cuda":
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        fn()
-    if device == "cuda":
-        torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / reps
+    """Median seconds per call of `fn` over `reps` runs, after one warm-up (kernel selection, allocator)."""
+    sync = torch.cuda.synchronize if device == "cuda" else None
+    return time_it(fn, repeats=reps, warmup=1, sync=sync).median
 
 
 def gpt_cases(device: str):
@@ -73,7 +68,8 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-    print(f"torch {torch.__version__}; CPU: {cpu_16bit_support()}; 1 thread; time per fwd+bwd (ratio to fp32)")
+    print(f"torch {torch.__version__}; CPU: {cpu_16bit_support()}; 1 thread; "
+          f"median time per fwd+bwd of {args.reps} (ratio to fp32)")
     for device in devices:
         if device == "cuda":
             torch.set_num_threads(4)

@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from m11_helpers import comm_model as cm
 from m11_helpers.collectives import IMPLEMENTATIONS, memcpy_bandwidth, ring_all_reduce, time_collective
-from m11_helpers.launch import launch, plan
+from m11_helpers.launch import launch, launch_plan
 
 
 def _bench(nbytes: int, rounds: int) -> dict:
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     nbytes = int(args.mb * 2**20) // 4 * 4
     res = launch(_bench, nbytes, args.rounds, num_processes=args.ranks, device="cpu", timeout=900, show_output=False)
     n = args.ranks
-    print(f"all-reduce of {nbytes / 2**20:g} MiB float32 on {plan(n, 'cpu')}, {args.rounds} alternating rounds, median:")
+    print(f"all-reduce of {nbytes / 2**20:g} MiB float32 on {launch_plan(n, 'cpu')}, {args.rounds} alternating rounds, median:")
     bus = {}
     for name, ts in res[0]["times"].items():
         t = statistics.median(ts)

@@ -7,7 +7,7 @@ Backs lesson 01's claims: on a CPU, bf16 is fast only where there is bf16 matrix
 AVX512-BF16): the "generic" column disables PyTorch's oneDNN path, which is what a CPU without that
 hardware runs. On a GPU: plain fp32 vs TF32 vs bf16 tensor cores. Also: copy bandwidth, and why one
 thread per process (a second OpenMP thread on a busy machine can be slower than one).
-Best of `--repeats` runs each; run on a quiet machine for stable figures. Not part of CI.
+Median of `--repeats` runs each (m11_helpers.timing); run on a quiet machine for stable figures. Not part of CI.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ import math
 import torch
 
 from m11_helpers.memory import saved_activation_bytes
+from m11_helpers.validate import positive_int, positive_real
 
 __all__ = ["naive_attention", "online_softmax_update", "tiled_attention", "flash_attention",
            "attention_matrix_bytes", "max_seq_len_for_budget", "qkvo_bytes", "standard_hbm_elements",
@@ -30,9 +31,8 @@ def _check_qkv(q, k, v, block_q=1, block_k=1):
     if q.dim() != 4 or q.shape != k.shape or k.shape != v.shape:
         raise ValueError(f"q, k, v must all be (B, H, T, D) of one shape, got {tuple(q.shape)}, "
                          f"{tuple(k.shape)}, {tuple(v.shape)}")
-    for name, b in (("block_q", block_q), ("block_k", block_k)):
-        if not isinstance(b, int) or b < 1:
-            raise ValueError(f"{name} must be a positive int, got {b!r}")
+    positive_int("block_q", block_q)
+    positive_int("block_k", block_k)
 
 
 def _causal_mask(i0: int, rows: int, j0: int, cols: int, device) -> torch.Tensor:
@@ -146,27 +146,25 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: 
 
 # ---------------------------------------------------------------- the byte sums
 
-def _positive(**kw):
-    for name, x in kw.items():
-        if not isinstance(x, (int, float)) or isinstance(x, bool) or x <= 0:
-            raise ValueError(f"{name} must be a number > 0, got {x!r}")
-
-
 def attention_matrix_bytes(batch: int, heads: int, seq_len: int, dtype_bytes: int = 2) -> int:
     """b·h·s²·bytes: one (s × s) score (or probability) matrix per head, per layer (Dao et al. 2022, §1)."""
-    _positive(batch=batch, heads=heads, seq_len=seq_len, dtype_bytes=dtype_bytes)
+    for name, x in (("batch", batch), ("heads", heads), ("seq_len", seq_len), ("dtype_bytes", dtype_bytes)):
+        positive_real(name, x)
     return batch * heads * seq_len * seq_len * dtype_bytes
 
 
 def qkvo_bytes(batch: int, heads: int, seq_len: int, head_dim: int, dtype_bytes: int = 2) -> int:
     """4·b·h·s·d·bytes: Q, K, V and O, what FlashAttention keeps instead of the matrix (plus b·h·s lse)."""
-    _positive(batch=batch, heads=heads, seq_len=seq_len, head_dim=head_dim, dtype_bytes=dtype_bytes)
+    for name, x in (("batch", batch), ("heads", heads), ("seq_len", seq_len), ("head_dim", head_dim),
+                    ("dtype_bytes", dtype_bytes)):
+        positive_real(name, x)
     return 4 * batch * heads * seq_len * head_dim * dtype_bytes
 
 
 def max_seq_len_for_budget(budget_bytes: float, batch: int, heads: int, dtype_bytes: int = 2) -> int:
     """Largest s with b·h·s²·bytes ≤ budget: s = ⌊√(budget / (b·h·bytes))⌋."""
-    _positive(budget_bytes=budget_bytes, batch=batch, heads=heads, dtype_bytes=dtype_bytes)
+    for name, x in (("budget_bytes", budget_bytes), ("batch", batch), ("heads", heads), ("dtype_bytes", dtype_bytes)):
+        positive_real(name, x)
     s = math.isqrt(int(budget_bytes // (batch * heads * dtype_bytes)))
     while attention_matrix_bytes(batch, heads, s + 1, dtype_bytes) <= budget_bytes:  # guard float rounding
         s += 1
@@ -178,13 +176,15 @@ def standard_hbm_elements(N: int, d: int) -> int:
 
     Read Q, K (2Nd), write S (N²); read S, write P (2N²); read P, V (N² + Nd), write O (Nd).
     """
-    _positive(N=N, d=d)
+    for name, x in (("N", N), ("d", d)):
+        positive_real(name, x)
     return 4 * N * d + 4 * N * N
 
 
 def flash_block_sizes(d: int, M: int) -> tuple[int, int]:
     """(B_r, B_c) = (min(⌈M/4d⌉, d), ⌈M/4d⌉) for SRAM of M elements (Dao et al. 2022, Algorithm 1, line 1)."""
-    _positive(d=d, M=M)
+    for name, x in (("d", d), ("M", M)):
+        positive_real(name, x)
     if M < d:
         raise ValueError(f"M (SRAM in elements) must be >= d={d}, got {M}")
     bc = math.ceil(M / (4 * d))
@@ -197,7 +197,8 @@ def flash_hbm_elements(N: int, d: int, M: int) -> int:
     Outer loop over T_c = ⌈N/B_c⌉ blocks of K, V (each read once: 2Nd in all); inner loop over the
     T_r = ⌈N/B_r⌉ query blocks, each reading Q_i, O_i, ℓ_i, m_i and writing O_i, ℓ_i, m_i.
     """
-    _positive(N=N, d=d, M=M)
+    for name, x in (("N", N), ("d", d), ("M", M)):
+        positive_real(name, x)
     _, bc = flash_block_sizes(d, M)
     tc = math.ceil(N / bc)
     per_pass = N * d + N * d + 2 * N + N * d + 2 * N  # read Q, O, ℓ, m; write O, ℓ, m — over all T_r blocks
@@ -210,7 +211,9 @@ def saved_bytes_by_method(seq_len: int, batch: int = 1, heads: int = 4, head_dim
 
     q, k, v require grad and are counted for every method alike (the inputs the backward needs).
     """
-    _positive(seq_len=seq_len, batch=batch, heads=heads, head_dim=head_dim, block=block)
+    for name, x in (("seq_len", seq_len), ("batch", batch), ("heads", heads), ("head_dim", head_dim),
+                    ("block", block)):
+        positive_int(name, x)
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(batch, heads, seq_len, head_dim, generator=g).requires_grad_() for _ in range(3))
     sdpa = torch.nn.functional.scaled_dot_product_attention

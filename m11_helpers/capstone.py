@@ -1,8 +1,8 @@
 """The capstone's plan: memory, communication and time per rank for a config, before anything runs.
 
-    p = plan(TINY_GPT, world_size=4, micro_batch=2, parallel="fsdp2")   # bytes per rank, elements moved
+    p = predict_run(TINY_GPT, world_size=4, micro_batch=2, parallel="fsdp2")   # bytes per rank, elements moved
     p["parameters"], p["optimizer"], p["activations"], p["comm_elements"]
-    gpu_plan(RUNNING_EXAMPLE, gpus=8, parallel="fsdp2", bf16=True, checkpointing=True)  # GB and seconds on H100s
+    predict_gpu_run(RUNNING_EXAMPLE, gpus=8, parallel="fsdp2", bf16=True, checkpointing=True)  # GB and seconds on H100s
 
 Model states are counted exactly, from the parameter shapes: DDP keeps every parameter, its fp32
 gradient and AdamW's two fp32 moments on every rank (4 + 4 + 8 bytes per parameter, plus one 4-byte
@@ -26,10 +26,11 @@ from torch.utils.checkpoint import checkpoint
 from m11_helpers.config import TransformerConfig, param_count
 from m11_helpers.hardware_specs import chip
 from m11_helpers.memory import SavedTensors
+from m11_helpers.validate import fraction, one_of, positive_int, positive_real
 from m11_helpers.zero import activation_bytes as korthikanti_activation_bytes
 
 __all__ = ["PARALLEL", "LEVERS", "param_shapes", "fsdp_local_numel", "model_state_bytes", "tiny_gpt_activation_bytes",
-           "comm_elements", "plan", "track_activations", "checkpoint_blocks", "local_bytes", "resume_drill", "step_seconds", "gpu_plan", "lever_rows", "compare"]
+           "comm_elements", "predict_run", "track_activations", "checkpoint_blocks", "local_bytes", "resume_drill", "step_seconds", "predict_gpu_run", "lever_rows", "compare"]
 
 PARALLEL = ("ddp", "fsdp2")
 ADAM_BYTES = 8  # AdamW's exp_avg and exp_avg_sq, fp32, per element of the (local) parameter
@@ -37,10 +38,8 @@ STEP_BYTES = 4  # AdamW's `step`: one fp32 scalar tensor per parameter tensor (t
 
 
 def _check(world_size: int, parallel: str) -> None:
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be an integer >= 1, got {world_size!r}")
-    if parallel not in PARALLEL:
-        raise ValueError(f"parallel must be one of {PARALLEL}, got {parallel!r}")
+    positive_int("world_size", world_size)
+    one_of("parallel", parallel, PARALLEL)
 
 
 def param_shapes(cfg: TransformerConfig) -> list[tuple[int, ...]]:
@@ -87,8 +86,7 @@ def tiny_gpt_activation_bytes(cfg: TransformerConfig, micro_batch: int, *, check
     input 4h (2h in bf16), log-softmax output 4V (fp32 under autocast too), token ids and targets 8 + 8
     (int64), positions 8T, the loss' weight 4.
     """
-    if isinstance(micro_batch, bool) or not isinstance(micro_batch, int) or micro_batch < 1:
-        raise ValueError(f"micro_batch must be an integer >= 1, got {micro_batch!r}")
+    positive_int("micro_batch", micro_batch)
     T = cfg.seq_len if seq_len is None else seq_len
     h, f, a, V, L = cfg.hidden, cfg.ffn_hidden, cfg.heads, cfg.vocab_size, cfg.layers
     if checkpointing:
@@ -107,10 +105,8 @@ def comm_elements(shapes: list[tuple[int, ...]], parallel: str, accum: int = 1, 
     """Elements per optimizer step, each collective's full tensor (ZeRO §7.2–7.3): DDP all-reduces Ψ once per
     step (no_sync on the other K−1 micro-batches); FSDP2 per micro-batch all-gathers Ψ in forward and Ψ again
     in backward, and reduce-scatters Ψ: 3Ψ·K — Ψ counted with FSDP2's padding (d₀ rounded up to N·⌈d₀/N⌉)."""
-    if parallel not in PARALLEL:
-        raise ValueError(f"parallel must be one of {PARALLEL}, got {parallel!r}")
-    if isinstance(accum, bool) or not isinstance(accum, int) or accum < 1:
-        raise ValueError(f"accum must be an integer >= 1, got {accum!r}")
+    one_of("parallel", parallel, PARALLEL)
+    positive_int("accum", accum)
     psi = sum(math.prod(s) for s in shapes)
     if parallel == "ddp":
         return {"all_reduce": psi, "all_gather": 0, "reduce_scatter": 0, "total": psi}
@@ -159,7 +155,7 @@ def track_activations() -> Iterator[SavedTensors]:
         tracker.release()
 
 
-def plan(cfg: TransformerConfig, world_size: int, micro_batch: int, *, parallel: str = "ddp", accum: int = 1,
+def predict_run(cfg: TransformerConfig, world_size: int, micro_batch: int, *, parallel: str = "ddp", accum: int = 1,
          checkpointing: bool = False, bf16: bool = False, rank: int = 0) -> dict:
     """The capstone plan for the tiny GPT on `world_size` ranks: bytes per rank and elements moved per step.
 
@@ -182,16 +178,15 @@ def step_seconds(num_params: float, tokens: float, flops_per_s: float, *, mfu: f
                  bandwidth: float = 1.0, checkpointing: bool = False, overlap: bool = True) -> dict:
     """Compute 6Ψ·tokens (8Ψ with full recomputation: one more forward) / (peak·MFU) (Kaplan et al. 2020, §2.1;
     Korthikanti et al. 2022, §4.3); communication bytes/bandwidth; overlapped: max of the two, else their sum."""
-    if not 0 < mfu <= 1:
-        raise ValueError(f"mfu must be in (0, 1], got {mfu!r}")
-    if flops_per_s <= 0 or bandwidth <= 0:
-        raise ValueError("flops_per_s and bandwidth must be > 0")
+    fraction("mfu", mfu)
+    positive_real("flops_per_s", flops_per_s)
+    positive_real("bandwidth", bandwidth)
     compute = (8 if checkpointing else 6) * num_params * tokens / (flops_per_s * mfu)
     comm = comm_bytes / bandwidth
     return {"compute": compute, "comm": comm, "step": max(compute, comm) if overlap else compute + comm}
 
 
-def gpu_plan(cfg: TransformerConfig, gpus: int = 8, *, parallel: str = "fsdp2", bf16: bool = True,
+def predict_gpu_run(cfg: TransformerConfig, gpus: int = 8, *, parallel: str = "fsdp2", bf16: bool = True,
              checkpointing: bool = False, micro_batch: int = 1, accum: int = 1, gpu: str = "H100 SXM",
              mfu: float = 0.4) -> dict:
     """Per-GPU memory (GB, 10⁹) and step time for `cfg` on one node of `gpus` GPUs.
@@ -244,11 +239,11 @@ LEVERS = [
 
 
 def lever_rows(cfg: TransformerConfig, gpus: int = 8, micro_batch: int = 1, gpu: str = "H100 SXM") -> list[dict]:
-    """gpu_plan for the capstone's lever configurations, one row each (the expected figures of the lever table)."""
+    """predict_gpu_run for the capstone's lever configurations, one row each (the expected figures of the lever table)."""
     configs = [("DDP fp32", dict(parallel="ddp", bf16=False)), ("FSDP2 fp32", dict(parallel="fsdp2", bf16=False)),
                ("FSDP2 + bf16", dict(parallel="fsdp2")),
                ("FSDP2 + bf16 + checkpointing", dict(parallel="fsdp2", checkpointing=True))]
-    return [{"config": name, **gpu_plan(cfg, gpus, micro_batch=micro_batch, gpu=gpu, **kw)} for name, kw in configs]
+    return [{"config": name, **predict_gpu_run(cfg, gpus, micro_batch=micro_batch, gpu=gpu, **kw)} for name, kw in configs]
 
 
 def compare(planned: dict, measured: dict, keys=("parameters", "gradients", "optimizer", "activations")) -> list[dict]:

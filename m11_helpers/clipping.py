@@ -17,6 +17,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from m11_helpers.validate import positive_real
+
 
 def _grads(params: Iterable[torch.Tensor] | torch.Tensor) -> list[torch.Tensor]:
     if isinstance(params, torch.Tensor):
@@ -35,8 +37,7 @@ def global_grad_norm(params: Iterable[torch.Tensor]) -> torch.Tensor:
 
 def clip_grad_norm_global_(params: Iterable[torch.Tensor], max_norm: float, eps: float = 1e-6) -> torch.Tensor:
     """g ← g·min(1, max_norm/(‖g‖+ε)) (Pascanu et al. 2013, §3.2, Alg. 1); returns ‖g‖ before clipping."""
-    if not max_norm > 0:
-        raise ValueError(f"max_norm must be > 0, got {max_norm!r}")
+    positive_real("max_norm", max_norm)
     params = list(params) if not isinstance(params, torch.Tensor) else [params]
     total = global_grad_norm(params)
     coef = torch.clamp(max_norm / (total + eps), max=1.0)  # never scale *up* a small gradient

@@ -17,19 +17,15 @@ import shlex
 
 import numpy as np
 
+from m11_helpers.validate import non_negative_real, positive_int, positive_real
+
 __all__ = ["young_interval", "daly_interval", "expected_wall_time", "simulate_wall_time", "wasted_fraction_curve",
            "spot_cost", "multinode_commands", "slurm_script", "sagemaker_estimator"]
 
 
-def _positive(name: str, value: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or math.isinf(value):
-        raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
-    return float(value)
-
-
 def young_interval(checkpoint_seconds: float, mtbf_seconds: float) -> float:
     """τ = √(2 δ M): the checkpoint interval that minimises expected lost time (Young 1974, eq. 1)."""
-    d, m = _positive("checkpoint_seconds", checkpoint_seconds), _positive("mtbf_seconds", mtbf_seconds)
+    d, m = positive_real("checkpoint_seconds", checkpoint_seconds), positive_real("mtbf_seconds", mtbf_seconds)
     return math.sqrt(2 * d * m)
 
 
@@ -38,7 +34,7 @@ def daly_interval(checkpoint_seconds: float, mtbf_seconds: float) -> float:
 
     τ here is compute time between checkpoints (the checkpoint's own δ excluded).
     """
-    d, m = _positive("checkpoint_seconds", checkpoint_seconds), _positive("mtbf_seconds", mtbf_seconds)
+    d, m = positive_real("checkpoint_seconds", checkpoint_seconds), positive_real("mtbf_seconds", mtbf_seconds)
     if d >= 2 * m:
         return m
     x = d / (2 * m)
@@ -48,11 +44,10 @@ def daly_interval(checkpoint_seconds: float, mtbf_seconds: float) -> float:
 def expected_wall_time(work_seconds: float, interval_seconds: float, checkpoint_seconds: float,
                        mtbf_seconds: float, restart_seconds: float = 0.0) -> float:
     """T = M e^{R/M} (e^{(τ+δ)/M} − 1) · W/τ: expected wall time under exponential failures (Daly 2006, full model)."""
-    w = _positive("work_seconds", work_seconds)
-    tau = _positive("interval_seconds", interval_seconds)
-    d, m = _positive("checkpoint_seconds", checkpoint_seconds), _positive("mtbf_seconds", mtbf_seconds)
-    if restart_seconds < 0:
-        raise ValueError(f"restart_seconds must be >= 0, got {restart_seconds!r}")
+    w = positive_real("work_seconds", work_seconds)
+    tau = positive_real("interval_seconds", interval_seconds)
+    d, m = positive_real("checkpoint_seconds", checkpoint_seconds), positive_real("mtbf_seconds", mtbf_seconds)
+    non_negative_real("restart_seconds", restart_seconds)
     return m * math.exp(restart_seconds / m) * math.expm1((tau + d) / m) * w / tau
 
 
@@ -63,13 +58,11 @@ def simulate_wall_time(work_seconds: float, interval_seconds: float, checkpoint_
     `interval_seconds` (cost δ), preempted at exponential times (mean M), each restart costing R
     and losing the work since the last checkpoint. Returns (trials,) wall times in seconds.
     """
-    w = _positive("work_seconds", work_seconds)
-    tau = _positive("interval_seconds", interval_seconds)
-    d, m = _positive("checkpoint_seconds", checkpoint_seconds), _positive("mtbf_seconds", mtbf_seconds)
-    if restart_seconds < 0:
-        raise ValueError(f"restart_seconds must be >= 0, got {restart_seconds!r}")
-    if not isinstance(trials, int) or trials < 1:
-        raise ValueError(f"trials must be an integer >= 1, got {trials!r}")
+    w = positive_real("work_seconds", work_seconds)
+    tau = positive_real("interval_seconds", interval_seconds)
+    d, m = positive_real("checkpoint_seconds", checkpoint_seconds), positive_real("mtbf_seconds", mtbf_seconds)
+    non_negative_real("restart_seconds", restart_seconds)
+    positive_int("trials", trials)
     rng = np.random.default_rng(seed)
     n_seg = math.ceil(w / tau)
     seg = np.full(n_seg, tau)
@@ -111,13 +104,12 @@ def spot_cost(work_hours: float, on_demand_per_hour: float, discount: float = 0.
     checkpoint interval at Young's τ unless given; on-demand is assumed never preempted but still
     checkpoints at the same interval (a crash is still possible). Returns a dict of hours and dollars.
     """
-    w = _positive("work_hours", work_hours) * 3600
-    price = _positive("on_demand_per_hour", on_demand_per_hour)
+    w = positive_real("work_hours", work_hours) * 3600
+    price = positive_real("on_demand_per_hour", on_demand_per_hour)
     if not 0 <= discount < 1:
         raise ValueError(f"discount must be in [0, 1), got {discount!r}")
-    if not preemptions_per_hour >= 0:
-        raise ValueError(f"preemptions_per_hour must be >= 0, got {preemptions_per_hour!r}")
-    d = _positive("checkpoint_seconds", checkpoint_seconds)
+    non_negative_real("preemptions_per_hour", preemptions_per_hour)
+    d = positive_real("checkpoint_seconds", checkpoint_seconds)
     if preemptions_per_hour == 0:
         tau = interval_seconds or w
         spot_wall = w + d * (math.ceil(w / tau) - 1)
@@ -141,9 +133,8 @@ def multinode_commands(script: str, *args: str, num_machines: int = 2, processes
                        main_process_ip: str = "10.0.0.1", main_process_port: int = 29500,
                        cpu: bool = False) -> list[str]:
     """One `accelerate launch` line per machine (run the k-th on machine k); --num_processes is the TOTAL."""
-    if num_machines < 1 or processes_per_machine < 1:
-        raise ValueError(f"num_machines and processes_per_machine must be >= 1, got {num_machines}, "
-                         f"{processes_per_machine}")
+    positive_int("num_machines", num_machines)
+    positive_int("processes_per_machine", processes_per_machine)
     lines = []
     for k in range(num_machines):
         cmd = ["accelerate", "launch", "--multi_gpu", "--num_processes", str(num_machines * processes_per_machine),
@@ -156,8 +147,8 @@ def multinode_commands(script: str, *args: str, num_machines: int = 2, processes
 def slurm_script(script: str, *args: str, nodes: int = 2, gpus_per_node: int = 8, hours: int = 24,
                  job_name: str = "train", signal_seconds: int = 120) -> str:
     """An sbatch script: one `accelerate launch` per node via srun; SIGTERM `signal_seconds` before the time limit."""
-    if nodes < 1 or gpus_per_node < 1 or hours < 1:
-        raise ValueError(f"nodes, gpus_per_node and hours must be >= 1, got {nodes}, {gpus_per_node}, {hours}")
+    for name, v in (("nodes", nodes), ("gpus_per_node", gpus_per_node), ("hours", hours)):
+        positive_int(name, v)
     rest = shlex.join([script, *args])
     return f"""#!/bin/bash
 #SBATCH --job-name={job_name}
@@ -186,8 +177,7 @@ def sagemaker_estimator(entry_point: str = "train_spot.py", instance_type: str =
     """
     if max_wait_hours < max_run_hours:
         raise ValueError(f"max_wait_hours must be >= max_run_hours ({max_run_hours}), got {max_wait_hours}")
-    if instance_count < 1:
-        raise ValueError(f"instance_count must be >= 1, got {instance_count}")
+    positive_int("instance_count", instance_count)
     return f"""from sagemaker.pytorch import PyTorch
 
 estimator = PyTorch(

@@ -24,6 +24,9 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from m11_helpers.timing import time_it
+from m11_helpers.validate import non_negative_int, positive_int
+
 __all__ = ["ring_chunks", "ring_reduce_scatter", "ring_all_gather", "ring_all_reduce",
            "backend_reduce_scatter", "backend_all_gather", "time_collective", "memcpy_bandwidth",
            "bandwidth_sweep", "IMPLEMENTATIONS"]
@@ -53,8 +56,7 @@ def ring_chunks(flat: torch.Tensor, n: int) -> list[torch.Tensor]:
     """n contiguous views of a 1-D tensor; sizes differ by at most one element (torch.tensor_split)."""
     if flat.dim() != 1 or not flat.is_contiguous():
         raise ValueError(f"flat must be a contiguous 1-D tensor, got shape {tuple(flat.shape)}")
-    if n < 1:
-        raise ValueError(f"n must be >= 1, got {n}")
+    positive_int("n", n)
     return list(torch.tensor_split(flat, n))  # views: writing into a chunk writes into `flat`
 
 
@@ -71,9 +73,7 @@ SEGMENT_BYTES = 512 * 2**10  # pipelining granularity: big enough that α per se
 def _segments(t: torch.Tensor, segments: int | None) -> int:
     if segments is None:  # ~512 KiB pieces, at most 16; one piece for small chunks (keeps α low)
         return max(1, min(16, t.numel() * t.element_size() // SEGMENT_BYTES))
-    if segments < 1:
-        raise ValueError(f"segments must be >= 1 (or None for automatic), got {segments}")
-    return segments
+    return positive_int("segments (or None for automatic)", segments)
 
 
 def _exchange(send: torch.Tensor, recv: torch.Tensor, right: int, left: int,
@@ -190,8 +190,8 @@ IMPLEMENTATIONS: dict[str, Callable[[torch.Tensor], object]] = {
 def time_collective(op: Callable[[torch.Tensor], object], tensor: torch.Tensor, iters: int = 5,
                     warmup: int = 1) -> list[float]:
     """Seconds per call of op(tensor), each call the max over ranks (barrier before, MAX-reduce after)."""
-    if iters < 1 or warmup < 0:
-        raise ValueError(f"iters must be >= 1 and warmup >= 0, got iters={iters}, warmup={warmup}")
+    positive_int("iters", iters)
+    non_negative_int("warmup", warmup)
     times = []
     for i in range(warmup + iters):
         dist.barrier()
@@ -207,16 +207,11 @@ def time_collective(op: Callable[[torch.Tensor], object], tensor: torch.Tensor, 
 
 
 def memcpy_bandwidth(nbytes: int = 64 * 2**20, iters: int = 5) -> float:
-    """Bytes/s of one thread copying `nbytes` (best of `iters`): read S + write S, reported as S/t."""
+    """Bytes/s of one thread copying `nbytes` (median of `iters`): read S + write S, reported as S/t."""
     src = torch.ones(nbytes // 4, dtype=torch.float32)  # (S/4,)
     dst = torch.empty_like(src)
-    dst.copy_(src)  # touch the pages first
-    best = float("inf")
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        dst.copy_(src)
-        best = min(best, time.perf_counter() - t0)
-    return nbytes / best
+    # the warm-up copy touches the pages first
+    return nbytes / time_it(lambda: dst.copy_(src), repeats=iters, warmup=1).median
 
 
 def bandwidth_sweep(sizes: list[int], impls: tuple[str, ...] = ("ring (ours)", "backend"),

@@ -17,7 +17,9 @@ algbw × a factor that makes the number comparable with the link's peak whatever
 from __future__ import annotations
 
 import math
-import numbers
+
+from m11_helpers.hardware_specs import IB_400G, NVLINK_H100, Link  # the one Link type; re-exported for lesson 02
+from m11_helpers.validate import non_negative_real, one_of, positive_int, positive_real
 
 __all__ = ["COLLECTIVES", "bus_factor", "algbw", "busbw", "ring_allreduce_time", "tree_allreduce_time",
            "ring_bytes_sent", "crossover_bytes", "fit_alpha_beta", "explore", "NVLINK_H100", "IB_400G",
@@ -27,37 +29,25 @@ __all__ = ["COLLECTIVES", "bus_factor", "algbw", "busbw", "ring_allreduce_time",
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all")
 
 
-def _check_n(n: int) -> None:
-    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
-        raise ValueError(f"n (number of ranks) must be an integer >= 1, got {n!r}")
-
-
-def _check_pos(name: str, value: float, allow_zero: bool = True) -> None:
-    if not isinstance(value, numbers.Real) or isinstance(value, bool) or math.isnan(value) or value < 0 \
-            or (value == 0 and not allow_zero):
-        raise ValueError(f"{name} must be a number {'>=' if allow_zero else '>'} 0, got {value!r}")
-
-
 def bus_factor(collective: str, n: int) -> float:
     """busbw / algbw: all_reduce 2(n-1)/n; reduce_scatter, all_gather, all_to_all (n-1)/n; broadcast, reduce 1.
 
     Source: nccl-tests, doc/PERFORMANCE.md ("Bus bandwidth"). For reduce_scatter and all_gather
     nccl-tests' S is the *full* (gathered) size, n times the per-rank chunk.
     """
-    _check_n(n)
+    positive_int("n", n)
+    one_of("collective", collective, COLLECTIVES)
     if collective == "all_reduce":
         return 2 * (n - 1) / n
     if collective in ("reduce_scatter", "all_gather", "all_to_all"):
         return (n - 1) / n
-    if collective in ("broadcast", "reduce"):
-        return 1.0
-    raise ValueError(f"collective must be one of {', '.join(COLLECTIVES)}, got {collective!r}")
+    return 1.0  # broadcast, reduce
 
 
 def algbw(nbytes: float, seconds: float) -> float:
     """algbw = S / t in bytes per second (nccl-tests)."""
-    _check_pos("nbytes", nbytes)
-    _check_pos("seconds", seconds, allow_zero=False)
+    non_negative_real("nbytes", nbytes)
+    positive_real("seconds", seconds)
     return nbytes / seconds
 
 
@@ -68,16 +58,16 @@ def busbw(collective: str, nbytes: float, seconds: float, n: int) -> float:
 
 def ring_bytes_sent(nbytes: float, n: int) -> float:
     """Bytes each rank sends in a ring all-reduce: 2(n-1)·S/n, below 2S for every n (Patarasuk & Yuan 2009: the lower bound)."""
-    _check_n(n)
-    _check_pos("nbytes", nbytes)
+    positive_int("n", n)
+    non_negative_real("nbytes", nbytes)
     return 2 * (n - 1) * nbytes / n
 
 
 def ring_allreduce_time(nbytes: float, n: int, alpha: float, beta: float) -> float:
     """T_ring = 2(n-1)·α + 2(n-1)/n · S·β: reduce-scatter then all-gather (Patarasuk & Yuan 2009)."""
-    _check_n(n)
+    positive_int("n", n)
     for name, v in (("nbytes", nbytes), ("alpha", alpha), ("beta", beta)):
-        _check_pos(name, v)
+        non_negative_real(name, v)
     return 2 * (n - 1) * alpha + 2 * (n - 1) / n * nbytes * beta
 
 
@@ -86,9 +76,9 @@ def tree_allreduce_time(nbytes: float, n: int, alpha: float, beta: float) -> flo
 
     Latency grows as log n instead of n, but every step carries the whole message.
     """
-    _check_n(n)
+    positive_int("n", n)
     for name, v in (("nbytes", nbytes), ("alpha", alpha), ("beta", beta)):
-        _check_pos(name, v)
+        non_negative_real(name, v)
     return 2 * math.ceil(math.log2(n)) * (alpha + nbytes * beta)
 
 
@@ -97,9 +87,9 @@ def crossover_bytes(n: int, alpha: float, beta: float) -> float:
 
     0.0 when the ring is never slower (n <= 2, or α = 0).
     """
-    _check_n(n)
-    _check_pos("alpha", alpha)
-    _check_pos("beta", beta, allow_zero=False)
+    positive_int("n", n)
+    non_negative_real("alpha", alpha)
+    positive_real("beta", beta)
     L = math.ceil(math.log2(n)) if n > 1 else 0
     latency_gap = (n - 1) - L  # extra α steps the ring takes: >= 0 for every n
     bandwidth_gap = L - (n - 1) / n  # extra S·β the tree pays: > 0 for n >= 2
@@ -117,7 +107,7 @@ def fit_alpha_beta(sizes, seconds, n: int, collective: str = "all_reduce") -> tu
     """
     import numpy as np
 
-    _check_n(n)
+    positive_int("n", n)
     if n < 2:
         raise ValueError(f"n must be >= 2 to fit a collective (one rank sends nothing), got {n}")
     S, t = np.asarray(sizes, dtype=float), np.asarray(seconds, dtype=float)
@@ -134,30 +124,6 @@ def fit_alpha_beta(sizes, seconds, n: int, collective: str = "all_reduce") -> tu
     if b < 0:  # no measurable bandwidth term: latency alone
         a, b = float(np.sum(steps / t) / np.sum((steps / t) ** 2)), 0.0
     return float(a), float(b)
-
-
-class Link:
-    """A named interconnect: α (s per message) and a bandwidth (bytes/s per direction)."""
-
-    def __init__(self, name: str, alpha: float, bandwidth: float, source: str):
-        _check_pos("alpha", alpha)
-        _check_pos("bandwidth", bandwidth, allow_zero=False)
-        self.name, self.alpha, self.bandwidth, self.source = name, alpha, bandwidth, source
-
-    @property
-    def beta(self) -> float:
-        return 1.0 / self.bandwidth
-
-    def __repr__(self) -> str:
-        return f"Link({self.name!r}, alpha={self.alpha * 1e6:g} µs, {self.bandwidth / 1e9:g} GB/s)"
-
-
-# Peak figures from vendor data sheets; α is an assumed per-step latency of the order NCCL reaches
-# (a few µs); for gradient-sized messages it is negligible, which is the point.
-NVLINK_H100 = Link("NVLink 4 (H100 SXM)", 3e-6, 450e9,
-                   "NVIDIA H100 data sheet: 900 GB/s NVLink per GPU, bidirectional = 450 GB/s per direction")
-IB_400G = Link("InfiniBand NDR 400 Gb/s", 5e-6, 400e9 / 8,
-               "NVIDIA ConnectX-7 / Quantum-2 NDR: 400 Gb/s = 50 GB/s per port per direction")
 
 
 def explore(n: int, nbytes: float, alpha: float, beta: float) -> dict:

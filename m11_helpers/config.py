@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from m11_helpers.validate import one_of, positive_int
+
 
 @dataclasses.dataclass(frozen=True)
 class TransformerConfig:
@@ -31,13 +33,10 @@ class TransformerConfig:
 
     def __post_init__(self) -> None:
         for field in ("vocab_size", "hidden", "layers", "heads", "ffn_hidden", "seq_len"):
-            value = getattr(self, field)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{field} must be a positive integer, got {value!r}")
+            positive_int(field, getattr(self, field))
         if self.hidden % self.heads:
             raise ValueError(f"hidden ({self.hidden}) must be divisible by heads ({self.heads})")
-        if self.norm not in ("layernorm", "rmsnorm"):
-            raise ValueError(f"norm must be 'layernorm' or 'rmsnorm', got {self.norm!r}")
+        one_of("norm", self.norm, ("layernorm", "rmsnorm"))
 
     @property
     def head_dim(self) -> int:
@@ -56,12 +55,6 @@ def param_count(cfg: TransformerConfig) -> int:
     embeddings = cfg.vocab_size * h + (cfg.seq_len * h if cfg.learned_positions else 0)
     head = 0 if cfg.tied_embeddings else cfg.vocab_size * h
     return embeddings + cfg.layers * per_layer + norm + head
-
-
-def non_embedding_params(cfg: TransformerConfig) -> int:
-    """N without token/position embeddings: ≈ 12·L·h² for a GPT (Kaplan et al. 2020, §2.1)."""
-    embeddings = cfg.vocab_size * cfg.hidden + (cfg.seq_len * cfg.hidden if cfg.learned_positions else 0)
-    return param_count(cfg) - embeddings - (0 if cfg.tied_embeddings else cfg.vocab_size * cfg.hidden)
 
 
 # Llama-2-7B's published shape (Touvron et al. 2023; HF config.json): 6,738,415,616 parameters.

@@ -9,6 +9,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 from m11_helpers.config import TINY_GPT
+from m11_helpers.validate import positive_int
 
 
 def seed_everything(seed: int = 0) -> None:
@@ -20,8 +21,8 @@ def seed_everything(seed: int = 0) -> None:
 
 def regression(n: int = 256, d_in: int = 16, d_out: int = 4, noise: float = 0.1, seed: int = 0) -> TensorDataset:
     """y = tanh(x W) + noise: a task the course MLP learns in a few dozen steps."""
-    if n < 1 or d_in < 1 or d_out < 1:
-        raise ValueError(f"n, d_in and d_out must be >= 1, got n={n}, d_in={d_in}, d_out={d_out}")
+    for name, v in (("n", n), ("d_in", d_in), ("d_out", d_out)):
+        positive_int(name, v)
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n, d_in, generator=g)  # (n, d_in)
     w = torch.randn(d_in, d_out, generator=g) / d_in**0.5
@@ -31,8 +32,10 @@ def regression(n: int = 256, d_in: int = 16, d_out: int = 4, noise: float = 0.1,
 
 def tokens(n: int = 512, seq_len: int = TINY_GPT.seq_len, vocab: int = TINY_GPT.vocab_size, seed: int = 0) -> TensorDataset:
     """Sequences from a fixed random Markov chain (so there is structure to learn); targets are inputs shifted by one."""
-    if n < 1 or seq_len < 1 or vocab < 2:
-        raise ValueError(f"n and seq_len must be >= 1 and vocab >= 2, got n={n}, seq_len={seq_len}, vocab={vocab}")
+    positive_int("n", n)
+    positive_int("seq_len", seq_len)
+    if positive_int("vocab", vocab) < 2:
+        raise ValueError(f"vocab must be an integer >= 2, got {vocab!r}")
     g = torch.Generator().manual_seed(seed)
     # Each token has 4 likely successors: a low-entropy language the tiny GPT can learn quickly.
     successors = torch.randint(0, vocab, (vocab, 4), generator=g)  # (vocab, 4)

@@ -18,6 +18,8 @@ import torch._dynamo  # noqa: F401  why: DDP imports it lazily (~5 s per rank on
 import torch.distributed as dist
 from torch import nn
 
+from m11_helpers.validate import non_negative_int, one_of, positive_int, positive_real
+
 __all__ = ["shard_indices", "broadcast_parameters", "average_gradients", "pack_buckets", "train_regression",
            "scaled_lr", "warmup_lr", "noise_scale", "steps_and_examples"]
 
@@ -27,17 +29,15 @@ __all__ = ["shard_indices", "broadcast_parameters", "average_gradients", "pack_b
 # ---------------------------------------------------------------------------------------------
 
 
-def shard_indices(n: int, world_size: int, rank: int, *, shuffle: bool = False, seed: int = 0, epoch: int = 0,
+def shard_indices(n: int, rank: int, world_size: int, *, shuffle: bool = False, seed: int = 0, epoch: int = 0,
                   drop_last: bool = False) -> list[int]:
     """Rank r's indices: order[r::N] of the (shuffled by seed+epoch, padded to a multiple of N) order.
 
     Source: torch.utils.data.DistributedSampler.__iter__ (torch 2.13) — padding repeats the first
     indices so every rank gets ceil(n/N) samples; drop_last=True cuts to floor(n/N) instead.
     """
-    if n < 1:
-        raise ValueError(f"n must be >= 1, got {n}")
-    if world_size < 1:
-        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    positive_int("n", n)
+    positive_int("world_size", world_size)
     if not 0 <= rank < world_size:
         raise ValueError(f"rank must be in 0..{world_size - 1}, got {rank}")
     if shuffle:
@@ -88,8 +88,7 @@ def pack_buckets(nbytes: list[int], cap_bytes: int, *, close_at_cap: bool = Fals
     own bucket). close_at_cap=True: DDP's rule — add the gradient, close the bucket once it holds
     >= cap_bytes (torch `_compute_bucket_assignment_by_size`), so DDP's buckets overshoot the cap a little.
     """
-    if cap_bytes <= 0:
-        raise ValueError(f"cap_bytes must be > 0, got {cap_bytes}")
+    positive_real("cap_bytes", cap_bytes)
     if any(b < 0 for b in nbytes):
         raise ValueError("nbytes must be non-negative sizes in bytes")
     buckets: list[list[int]] = []
@@ -129,8 +128,7 @@ def train_regression(mode: str = "single", steps: int = 20, global_batch: int = 
     from m11_helpers.data import regression
     from m11_helpers.models import mlp
 
-    if mode not in ("single", "naive", "ddp"):
-        raise ValueError(f"mode must be 'single', 'naive' or 'ddp', got {mode!r}")
+    one_of("mode", mode, ("single", "naive", "ddp"))
     rank, world = (dist.get_rank(), dist.get_world_size()) if mode != "single" else (0, 1)
     if global_batch % world:
         raise ValueError(f"global_batch must be divisible by the world size {world}, got {global_batch}")
@@ -164,7 +162,7 @@ def train_regression(mode: str = "single", steps: int = 20, global_batch: int = 
         losses.append(report.item())
     params = torch.cat([p.detach().flatten() for p in model.parameters()])
     if mode == "ddp":
-        del net  # a live DDP model at interpreter exit can abort the process (CPU-DISTRIBUTED-FACTS)
+        del net  # a live DDP model at interpreter exit can abort the process (docs/cpu-distributed-facts.md)
     return {"losses": losses, "grad0": grad0, "params": params}
 
 
@@ -175,21 +173,18 @@ def train_regression(mode: str = "single", steps: int = 20, global_batch: int = 
 
 def scaled_lr(batch: int, base_lr: float = 0.1, base_batch: int = 256) -> float:
     """η = base_lr · batch / base_batch — the linear scaling rule (Goyal et al. 2017, §2.1: η = 0.1·kn/256)."""
-    if batch < 1 or base_batch < 1:
-        raise ValueError(f"batch and base_batch must be >= 1, got batch={batch}, base_batch={base_batch}")
-    if base_lr <= 0:
-        raise ValueError(f"base_lr must be > 0, got {base_lr}")
+    positive_int("batch", batch)
+    positive_int("base_batch", base_batch)
+    positive_real("base_lr", base_lr)
     return base_lr * batch / base_batch
 
 
 def warmup_lr(step: int, *, base_lr: float, scale: float, warmup_steps: int) -> float:
     """η(t) = η·(1 + (k−1)·min(t/T, 1)): gradual warmup from η to kη over T steps (Goyal et al. 2017, §2.2)."""
-    if step < 0:
-        raise ValueError(f"step must be >= 0, got {step}")
-    if warmup_steps < 0:
-        raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
-    if base_lr <= 0 or scale <= 0:
-        raise ValueError(f"base_lr and scale must be > 0, got base_lr={base_lr}, scale={scale}")
+    non_negative_int("step", step)
+    non_negative_int("warmup_steps", warmup_steps)
+    positive_real("base_lr", base_lr)
+    positive_real("scale", scale)
     frac = 1.0 if warmup_steps == 0 else min(step / warmup_steps, 1.0)
     return base_lr * (1 + (scale - 1) * frac)
 
@@ -209,6 +204,6 @@ def noise_scale(g_small_sq: float, g_big_sq: float, b_small: int, b_big: int) ->
 
 def steps_and_examples(batch: float, b_noise: float) -> tuple[float, float]:
     """(S/S_min, E/E_min) = (1 + B_noise/B, 1 + B/B_noise) (McCandlish et al. 2018, eq. 2.11 with B_crit ≈ B_noise)."""
-    if batch <= 0 or b_noise <= 0:
-        raise ValueError(f"batch and b_noise must be > 0, got batch={batch}, b_noise={b_noise}")
+    positive_real("batch", batch)
+    positive_real("b_noise", b_noise)
     return 1 + b_noise / batch, 1 + batch / b_noise

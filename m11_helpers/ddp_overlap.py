@@ -17,6 +17,8 @@ import torch._dynamo  # noqa: F401  why: DDP imports it lazily (~5 s per rank on
 import torch.distributed as dist
 
 from m11_helpers.comm_model import ring_allreduce_time
+from m11_helpers.timing import time_it
+from m11_helpers.validate import non_negative_real, positive_int
 
 __all__ = ["record_timeline", "plot_timeline", "measure_step", "hidden_fraction", "overlap_end", "ddp_step_time"]
 
@@ -41,10 +43,9 @@ def ddp_step_time(forward_s: float, backward_s: float, grad_bytes: float, world_
     Without overlap the all-reduces start after backward; with it, bucket i starts when ready. Only
     the last bucket can never hide: it is ready when backward ends.
     """
-    if buckets < 1:
-        raise ValueError(f"buckets must be >= 1, got {buckets}")
-    if forward_s < 0 or backward_s < 0:
-        raise ValueError("forward_s and backward_s must be >= 0")
+    positive_int("buckets", buckets)
+    non_negative_real("forward_s", forward_s)
+    non_negative_real("backward_s", backward_s)
     per_bucket = ring_allreduce_time(grad_bytes / buckets, world_size, alpha, beta)
     comm = per_bucket * buckets  # more buckets: more α terms, the same bytes
     if overlap:
@@ -105,7 +106,7 @@ def record_timeline(bucket_cap_mb: float = 25.0, iterations: int = 3, batch: int
         loss.backward()  # hooks fire in here; the last futures complete before backward returns
         out.append({"backward_s": time.perf_counter() - t0[0], "grads": list(ready),
                     "buckets": sorted(events)})
-    del ddp  # see CPU-DISTRIBUTED-FACTS: a live DDP model at exit can abort the process
+    del ddp  # see docs/cpu-distributed-facts.md: a live DDP model at exit can abort the process
     return out
 
 
@@ -147,8 +148,9 @@ def measure_step(steps: int = 6, batch: int = 8, seed: int = 0) -> dict:
     """Inside a launched rank: DDP on the tiny GPT, `batch` sequences per rank (weak scaling), timed.
 
     Returns step_s (forward + backward with all-reduce + optimizer), local_s (the same step under
-    `no_sync()`, i.e. no communication) and samples_per_s for the whole group. Uses this rank's GPU
-    when the launch put one there (NCCL), else the CPU (gloo).
+    `no_sync()`, i.e. no communication), each the median of `steps` timed steps after two untimed
+    ones on this rank's clock, and samples_per_s for the whole group. Uses this rank's GPU when the
+    launch put one there (NCCL), else the CPU (gloo).
     """
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -163,24 +165,21 @@ def measure_step(steps: int = 6, batch: int = 8, seed: int = 0) -> dict:
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x, y = (t.to(device) for t in tokens(n=batch, seed=seed + rank).tensors)  # (batch, T) each
 
-    def timed(sync: bool) -> float:
-        times = []
-        for i in range(steps + 2):  # two untimed steps: DDP rebuilds its buckets after the first
-            dist.barrier()
-            start = time.perf_counter()
-            if sync:
+    def step(sync: bool) -> None:
+        if sync:
+            ddp(x, y).backward()
+        else:
+            with ddp.no_sync():  # gradients stay local: the step without communication
                 ddp(x, y).backward()
-            else:
-                with ddp.no_sync():  # gradients stay local: the step without communication
-                    ddp(x, y).backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            if on_gpu:
-                torch.cuda.synchronize()
-            if i >= 2:
-                times.append(time.perf_counter() - start)
-        return sorted(times)[len(times) // 2]  # median: robust to a neighbour stealing the core
+        opt.step()
+        opt.zero_grad(set_to_none=True)
 
-    step_s, local_s = timed(True), timed(False)
-    del ddp
+    # Two untimed steps: DDP rebuilds its buckets after the first; the median ignores a stolen core.
+    # The ranks start each series together; within it, the all-reduce keeps them in step, and a
+    # local step depends on no other rank: each rank times its own steps.
+    gpu_sync = torch.cuda.synchronize if on_gpu else None  # stop the clock when the kernels have finished
+    dist.barrier()
+    step_s = time_it(lambda: step(True), repeats=steps, warmup=2, sync=gpu_sync).median
+    dist.barrier()
+    local_s = time_it(lambda: step(False), repeats=steps, warmup=2, sync=gpu_sync).median
     return {"step_s": step_s, "local_s": local_s, "samples_per_s": batch * world / step_s, "device": device.type}

@@ -30,6 +30,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from m11_helpers.validate import non_negative_int, positive_int
+
 __all__ = ["PreemptionNotice", "atomic_save", "naive_save", "load_checkpoint", "latest_checkpoint",
            "rng_state", "set_rng_state", "gather_rng_states", "batch_indices", "state_checksum"]
 
@@ -162,10 +164,9 @@ def batch_indices(step: int, global_batch: int, n: int, seed: int = 0) -> torch.
 
     (global_batch,) int64. Resuming at `step` reads exactly the rows the uninterrupted run would have.
     """
-    if global_batch < 1 or global_batch > n:
+    if positive_int("global_batch", global_batch) > n:
         raise ValueError(f"global_batch must be in 1..n={n}, got {global_batch}")
-    if step < 0:
-        raise ValueError(f"step must be >= 0, got {step}")
+    non_negative_int("step", step)
     per_epoch = n // global_batch  # drop the last partial batch: every step has the same shape
     epoch, k = divmod(step, per_epoch)
     g = torch.Generator().manual_seed(seed * 100_003 + epoch)  # depends only on (seed, epoch)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch import nn
+
 # Imported here, in the caller, on purpose: ranks forked by `launch` inherit them instead of each
 # paying the seconds FSDP's import costs (it pulls in torch._dynamo).
 from torch.distributed.device_mesh import init_device_mesh
@@ -27,7 +28,7 @@ from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGath
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-__all__ = ["apply_fsdp", "local_param_numel", "local_param_bytes", "TrafficCounter", "is_sharded",
+__all__ = ["apply_fsdp", "local_param_numel", "TrafficCounter", "is_sharded",
            "fsdp_step_report", "accelerate_fsdp_probe"]
 
 
@@ -48,11 +49,6 @@ def _local(p: torch.Tensor) -> torch.Tensor:
 def local_param_numel(model: nn.Module) -> int:
     """Elements of parameters this rank stores: the DTensor shards' local parts (the full tensor if not sharded)."""
     return sum(_local(p).numel() for p in model.parameters())
-
-
-def local_param_bytes(model: nn.Module) -> int:
-    """Bytes of parameters this rank stores, measured from the local shards."""
-    return sum(_local(p).numel() * _local(p).element_size() for p in model.parameters())
 
 
 def is_sharded(model: nn.Module) -> bool:
@@ -128,7 +124,7 @@ def fsdp_step_report(reshard_after_forward: bool = True, batch: int = 8, seed: i
     ddp(x, x).backward()
     diff = max((p.grad.full_tensor() - q.grad).abs().max().item()
                for p, q in zip(model.parameters(), ddp.module.parameters()))
-    del ddp  # a live DDP model at exit can abort the process (CPU-DISTRIBUTED-FACTS)
+    del ddp  # a live DDP model at exit can abort the process (docs/cpu-distributed-facts.md)
     return {"rank": rank, "world_size": n, "num_params": total, "local_params": local,
             "all_gather": traffic["all_gather"], "reduce_scatter": traffic["reduce_scatter"],
             "calls": traffic["calls"], "max_grad_diff_vs_ddp": diff}

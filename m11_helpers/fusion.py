@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import math
 import shutil
-import time
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from m11_helpers.timing import time_it
+from m11_helpers.validate import positive_int
 
 __all__ = ["layernorm_unfused", "gelu_tanh_unfused", "ln_bias_gelu_unfused", "ln_bias_gelu_library",
            "KernelCall", "kernel_traffic", "traffic_bytes", "fused_traffic_bytes", "try_compile",
@@ -55,8 +57,8 @@ def ln_bias_gelu_library(x, w, b, bias):
 
 def chain_inputs(rows: int = 4096, cols: int = 1024, dtype=torch.float32, seed: int = 0):
     """x (rows, cols) and the LayerNorm weight, bias and the extra bias (cols,), seeded."""
-    if rows < 1 or cols < 1:
-        raise ValueError(f"rows and cols must be >= 1, got rows={rows}, cols={cols}")
+    positive_int("rows", rows)
+    positive_int("cols", cols)
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(rows, cols, generator=g).to(dtype)  # (N, C)
     w, b, bias = (torch.randn(cols, generator=g).to(dtype) for _ in range(3))  # 3 × (C,)
@@ -123,18 +125,9 @@ def try_compile(fn):
 
 
 def time_fn(fn, *inputs, repeats: int = 5, warmup: int = 1) -> float:
-    """Median seconds of fn(*inputs) over `repeats` runs after `warmup` (synchronising a GPU)."""
-    if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}")
-    sync = torch.cuda.synchronize if torch.cuda.is_available() and inputs[0].is_cuda else (lambda: None)
+    """Median seconds of fn(*inputs) over `repeats` runs after `warmup`, under no_grad, synchronising a GPU
+    (`m11_helpers.timing.time_it` with the inputs bound)."""
+    on_gpu = bool(inputs) and isinstance(inputs[0], torch.Tensor) and inputs[0].is_cuda
     with torch.no_grad():
-        for _ in range(warmup):
-            fn(*inputs)
-        times = []
-        for _ in range(repeats):
-            sync()
-            t0 = time.perf_counter()
-            fn(*inputs)
-            sync()
-            times.append(time.perf_counter() - t0)
-    return sorted(times)[len(times) // 2]
+        return time_it(lambda: fn(*inputs), repeats=repeats, warmup=warmup,
+                       sync=torch.cuda.synchronize if on_gpu else None).median

@@ -3,19 +3,19 @@
     from m11_helpers.hardware import matmul_intensity, attainable_flops, training_days, measure_matmul
     from m11_helpers.hardware_specs import CHIPS          # the spec table, each row with its source
 
-Formulas are pure functions. Measurements return the *best* of a few repeats: on a shared machine
-the fastest run is the one least disturbed by other work, so it is the closest to what the hardware
-can do. They time whatever device they are given and synchronise a GPU before reading the clock.
+Formulas are pure functions. Measurements use the *median* of a few repeats (`m11_helpers.timing`):
+on a shared machine a few runs are slowed by other work, and the median ignores them. They time
+whatever device they are given and synchronise a GPU before reading the clock.
 """
 
 from __future__ import annotations
 
 import math
-import numbers
-import time
 from pathlib import Path
 
 from m11_helpers.hardware_specs import CHIPS, DTYPE_BYTES, Chip
+from m11_helpers.timing import time_it
+from m11_helpers.validate import fraction, non_negative_real, positive_int, positive_real
 
 __all__ = [
     "matmul_flops", "matmul_bytes", "matmul_intensity", "arithmetic_intensity", "ridge_point",
@@ -26,11 +26,6 @@ __all__ = [
 ]
 
 SECONDS_PER_DAY = 86_400
-
-
-def _positive(name: str, value: float) -> None:
-    if not isinstance(value, numbers.Real) or isinstance(value, bool) or not value > 0 or math.isinf(value):
-        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
 
 
 def _dtype_bytes(dtype: str) -> int:
@@ -44,22 +39,21 @@ def _dtype_bytes(dtype: str) -> int:
 def matmul_flops(m: int, n: int, k: int) -> int:
     """FLOPs of (m×k) @ (k×n) = 2·m·n·k: one multiply and one add per inner-product term."""
     for name, v in (("m", m), ("n", n), ("k", k)):
-        _positive(name, v)
+        positive_real(name, v)
     return 2 * m * n * k
 
 
 def matmul_bytes(m: int, n: int, k: int, dtype: str = "bf16") -> int:
     """Least memory traffic of a matmul = (m·k + k·n + m·n)·bytes: read A and B once, write C once."""
     for name, v in (("m", m), ("n", n), ("k", k)):
-        _positive(name, v)
+        positive_real(name, v)
     return (m * k + k * n + m * n) * _dtype_bytes(dtype)
 
 
 def arithmetic_intensity(flops: float, bytes_moved: float) -> float:
     """I = FLOPs / bytes moved to and from memory (Williams, Waterman & Patterson 2009, 'Roofline')."""
-    _positive("bytes_moved", bytes_moved)
-    if flops < 0:
-        raise ValueError(f"flops must be >= 0, got {flops!r}")
+    positive_real("bytes_moved", bytes_moved)
+    non_negative_real("flops", flops)
     return flops / bytes_moved
 
 
@@ -70,21 +64,21 @@ def matmul_intensity(m: int, n: int, k: int, dtype: str = "bf16") -> float:
 
 def ridge_point(peak_flops: float, bandwidth: float) -> float:
     """I* = peak FLOP/s / bandwidth (bytes/s): below it a kernel is memory-bound (Williams et al. 2009)."""
-    _positive("peak_flops", peak_flops)
-    _positive("bandwidth", bandwidth)
+    positive_real("peak_flops", peak_flops)
+    positive_real("bandwidth", bandwidth)
     return peak_flops / bandwidth
 
 
 def attainable_flops(intensity: float, peak_flops: float, bandwidth: float) -> float:
     """P = min(peak, I·bandwidth): the roofline (Williams et al. 2009, Fig. 1)."""
-    _positive("intensity", intensity)
+    positive_real("intensity", intensity)
     ridge_point(peak_flops, bandwidth)  # validates both
     return min(peak_flops, intensity * bandwidth)
 
 
 def bound(intensity: float, peak_flops: float, bandwidth: float) -> str:
     """'memory-bound' if I < I* (the slanted roof), else 'compute-bound' (the flat roof)."""
-    _positive("intensity", intensity)
+    positive_real("intensity", intensity)
     return "memory-bound" if intensity < ridge_point(peak_flops, bandwidth) else "compute-bound"
 
 
@@ -103,8 +97,8 @@ def roofline_point(device: Chip, m: int, n: int, k: int, dtype: str = "bf16") ->
 
 def training_flops(params: float, tokens: float) -> float:
     """C = 6·N·D: forward 2N + backward 4N FLOPs per token (Kaplan et al. 2020, §2.1)."""
-    _positive("params", params)
-    _positive("tokens", tokens)
+    positive_real("params", params)
+    positive_real("tokens", tokens)
     return 6 * params * tokens
 
 
@@ -112,11 +106,10 @@ def training_days(params: float, tokens: float, gpus: int, peak_flops: float, mf
                   flops_per_param_token: float = 6) -> float:
     """T = k·N·D / (gpus · peak · MFU) in days; k = 6 (Kaplan), 8 with full activation recomputation
     (Narayanan et al. 2021, 'Efficient Large-Scale Language Model Training on GPU Clusters', §5.1)."""
-    _positive("gpus", gpus)
-    _positive("peak_flops", peak_flops)
-    if not 0 < mfu <= 1:
-        raise ValueError(f"mfu must be in (0, 1], got {mfu!r}")
-    _positive("flops_per_param_token", flops_per_param_token)
+    positive_real("gpus", gpus)
+    positive_real("peak_flops", peak_flops)
+    fraction("mfu", mfu)
+    positive_real("flops_per_param_token", flops_per_param_token)
     total = training_flops(params, tokens) * flops_per_param_token / 6
     return total / (gpus * peak_flops * mfu) / SECONDS_PER_DAY
 
@@ -126,7 +119,7 @@ def model_flops_utilization(tokens_per_second: float, params: float, chips: int,
     (Chowdhery et al. 2022, 'PaLM', Appendix B; PaLM 540B reached 46.2 %)."""
     for name, v in (("tokens_per_second", tokens_per_second), ("params", params), ("chips", chips),
                     ("peak_flops", peak_flops)):
-        _positive(name, v)
+        positive_real(name, v)
     return 6 * params * tokens_per_second / (chips * peak_flops)
 
 
@@ -144,19 +137,19 @@ def _bpp(bytes_per_param) -> float:
             raise ValueError(f"bytes_per_param must be a number or one of {list(BYTES_PER_PARAM)}, "
                              f"got {bytes_per_param!r}")
         return BYTES_PER_PARAM[bytes_per_param]
-    _positive("bytes_per_param", bytes_per_param)
+    positive_real("bytes_per_param", bytes_per_param)
     return bytes_per_param
 
 
 def memory_needed(params: float, bytes_per_param="bf16 weights") -> float:
     """M = N · bytes per parameter (states only: no activations)."""
-    _positive("params", params)
+    positive_real("params", params)
     return params * _bpp(bytes_per_param)
 
 
 def max_params(memory_bytes: float, bytes_per_param="bf16 weights") -> int:
     """N_max = ⌊memory / bytes per parameter⌋: the largest model whose states fit."""
-    _positive("memory_bytes", memory_bytes)
+    positive_real("memory_bytes", memory_bytes)
     return int(memory_bytes // _bpp(bytes_per_param))
 
 
@@ -197,50 +190,40 @@ def _torch_dtype(dtype):
 TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
-def _best_seconds(fn, device, repeats: int) -> float:
+def _median_seconds(fn, device, repeats: int) -> float:
+    """Median of `repeats` timed runs after one warm-up (first calls pick kernels and allocate)."""
     import torch
 
-    def sync():
-        if torch.device(device).type == "cuda":
-            torch.cuda.synchronize()
-
-    fn()  # warm-up: first calls pick kernels and allocate
-    sync()
-    best = math.inf
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        sync()
-        best = min(best, time.perf_counter() - start)
-    return best
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else None
+    return time_it(fn, repeats=repeats, warmup=1, sync=sync).median
 
 
 def measure_matmul(n: int, dtype="fp32", device="cpu", repeats: int = 3) -> float:
-    """Achieved FLOP/s of an n×n @ n×n matmul: 2n³ / best time of `repeats` runs."""
+    """Achieved FLOP/s of an n×n @ n×n matmul: 2n³ / median time of `repeats` runs (after one warm-up)."""
     import torch
 
-    _positive("n", n)
-    _positive("repeats", repeats)
+    positive_int("n", n)
+    positive_int("repeats", repeats)
     gen = torch.Generator().manual_seed(0)
     a = torch.randn(n, n, generator=gen).to(device=device, dtype=_torch_dtype(dtype))  # (n, n)
     b = torch.randn(n, n, generator=gen).to(device=device, dtype=_torch_dtype(dtype))  # (n, n)
-    return matmul_flops(n, n, n) / _best_seconds(lambda: a @ b, device, repeats)
+    return matmul_flops(n, n, n) / _median_seconds(lambda: a @ b, device, repeats)
 
 
 def measure_copy_bandwidth(megabytes: float = 128, device="cpu", repeats: int = 3) -> float:
-    """Achieved memory bandwidth in bytes/s of `dst.copy_(src)`: 2·size (read + write) / best time.
+    """Achieved memory bandwidth in bytes/s of `dst.copy_(src)`: 2·size (read + write) / median time of `repeats`.
     Use a size well beyond the last-level cache, or this measures the cache."""
     import torch
 
-    _positive("megabytes", megabytes)
+    positive_real("megabytes", megabytes)
     src = torch.ones(int(megabytes * 1e6) // 4, device=device)  # (n,) fp32
     dst = torch.empty_like(src)
-    return 2 * src.nbytes / _best_seconds(lambda: dst.copy_(src), device, repeats)
+    return 2 * src.nbytes / _median_seconds(lambda: dst.copy_(src), device, repeats)
 
 
 def measure_kernels(device="cpu", dtype="fp32", repeats: int = 3, vector_mb: float = 64) -> list[dict]:
     """Kernels of rising arithmetic intensity, each with its FLOPs and bytes (counted, not measured)
-    and its achieved FLOP/s (measured): element-wise add, a·x + y, matrix-vector, matmuls."""
+    and its achieved FLOP/s (measured, median of `repeats`): element-wise add, a·x + y, matrix-vector, matmuls."""
     import torch
 
     dt = _torch_dtype(dtype)  # validates dtype first
@@ -264,7 +247,7 @@ def measure_kernels(device="cpu", dtype="fp32", repeats: int = 3, vector_mb: flo
         cases.append((f"matmul {n}", lambda a=a, c=c: a @ c, 2 * n ** 3, 3 * n * n * b))
     rows = []
     for name, fn, flops, nbytes in cases:
-        seconds = _best_seconds(fn, device, repeats)
+        seconds = _median_seconds(fn, device, repeats)
         rows.append({"kernel": name, "flops": flops, "bytes": nbytes,
                      "intensity": flops / nbytes, "achieved": flops / seconds})
     return rows
@@ -272,28 +255,25 @@ def measure_kernels(device="cpu", dtype="fp32", repeats: int = 3, vector_mb: flo
 
 def p2p_bandwidth(megabytes: float = 16, repeats: int = 3) -> float:
     """Run under `launch` on 2 ranks: rank 0 sends `megabytes` to rank 1, which answers with one number.
-    Returns bytes/s (best of `repeats`, after one warm-up) on every rank: the cost of leaving the process."""
+    Returns bytes/s (median of `repeats`, after one warm-up) on every rank: the cost of leaving the process."""
     import torch
     import torch.distributed as dist
 
-    _positive("megabytes", megabytes)
+    positive_real("megabytes", megabytes)
     if dist.get_world_size() != 2:
         raise ValueError(f"p2p_bandwidth needs exactly 2 ranks, got {dist.get_world_size()}")
     payload = torch.ones(int(megabytes * 1e6) // 4)  # (n,) fp32
-    ack = torch.zeros(1)
-    best = math.inf
-    for i in range(repeats + 1):
-        dist.barrier()
-        start = time.perf_counter()
+
+    def transfer():
         if dist.get_rank() == 0:
             dist.send(payload, dst=1)
-            dist.recv(ack, src=1)  # rank 1 has it all: stop the clock
         else:
             dist.recv(payload, src=0)
-            dist.send(ack, dst=0)
-        if i:  # the first transfer sets up the connection
-            best = min(best, time.perf_counter() - start)
-    rate = torch.tensor([payload.nbytes / best], dtype=torch.float64)
+
+    # the warm-up transfer sets up the connection; the barrier before each clock read lines the ranks
+    # up, and the one after cannot end on rank 0 before rank 1 has it all: it stops the clock
+    seconds = time_it(transfer, repeats=repeats, warmup=1, sync=dist.barrier).median
+    rate = torch.tensor([payload.nbytes / seconds], dtype=torch.float64)
     dist.broadcast(rate, src=0)  # rank 0's clock is the one that saw the whole round trip
     return float(rate)
 

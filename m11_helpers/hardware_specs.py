@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 
-__all__ = ["Chip", "CHIPS", "LINKS", "Link", "DTYPE_BYTES", "chip"]
+from m11_helpers.validate import non_negative_real, one_of, positive_real
+
+__all__ = ["Chip", "CHIPS", "LINKS", "Link", "NVLINK_H100", "IB_400G", "DTYPE_BYTES", "chip"]
 
 # Bytes per element of each dtype a spec sheet quotes; tf32 is stored in 4 bytes.
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
@@ -35,8 +37,8 @@ class Chip:
         unknown = set(self.peak_tflops) - set(DTYPE_BYTES)
         if unknown:
             raise ValueError(f"peak_tflops has unknown dtypes {sorted(unknown)}; allowed: {sorted(DTYPE_BYTES)}")
-        if self.memory_gb <= 0 or self.bandwidth_tbs <= 0:
-            raise ValueError(f"{self.name}: memory_gb and bandwidth_tbs must be > 0")
+        positive_real(f"{self.name}: memory_gb", self.memory_gb)
+        positive_real(f"{self.name}: bandwidth_tbs", self.bandwidth_tbs)
 
     def peak_flops(self, dtype: str = "bf16") -> float:
         """Dense peak in FLOP/s for `dtype`; ValueError if the sheet gives no figure for it."""
@@ -115,26 +117,50 @@ CHIPS: dict[str, Chip] = {c.name: c for c in [
 
 def chip(name: str) -> Chip:
     """Look a chip up by name; ValueError lists the names there are."""
-    if name not in CHIPS:
-        raise ValueError(f"name {name!r} is not in the table; choose one of {list(CHIPS)}")
-    return CHIPS[name]
+    return CHIPS[one_of("name", name, CHIPS)]
 
 
 @dataclasses.dataclass(frozen=True)
 class Link:
+    """An interconnect: bandwidth per direction and the α (latency per message) the α–β model uses."""
+
     name: str
     gbs_per_direction: float  # 1e9 bytes/s, one direction
     source: str
+    alpha_us: float = 5.0  # per-message latency, µs: an assumed figure of the order NCCL reaches
+
+    def __post_init__(self) -> None:
+        positive_real(f"{self.name}: gbs_per_direction (the bandwidth)", self.gbs_per_direction)
+        non_negative_real(f"{self.name}: alpha_us", self.alpha_us)
+
+    @property
+    def bandwidth(self) -> float:
+        """Bytes/s per direction."""
+        return self.gbs_per_direction * 1e9
+
+    @property
+    def beta(self) -> float:
+        """Seconds per byte: 1 / bandwidth."""
+        return 1.0 / self.bandwidth
+
+    @property
+    def alpha(self) -> float:
+        """Seconds per message."""
+        return self.alpha_us * 1e-6
 
 
 # The links between chips and hosts, one direction each (a link's "both directions" figure is twice this).
+# α is an assumed per-step latency of the order NCCL reaches (a few µs); for gradient-sized messages
+# it is negligible, which is the point of the α–β lessons.
 LINKS: dict[str, Link] = {l.name: l for l in [
     Link("PCIe Gen4 x16", 32, "PCI-SIG, PCI Express Base Specification 4.0 (16 GT/s per lane)"),
     Link("PCIe Gen5 x16", 64, "PCI-SIG, PCI Express Base Specification 5.0 (32 GT/s per lane)"),
-    Link("InfiniBand NDR (1 port)", 50, "NVIDIA Quantum-2 InfiniBand platform: 400 Gb/s per port, "
-         "https://www.nvidia.com/en-us/networking/quantum2/"),
-    Link("NVLink 3 (A100)", 300, "NVIDIA A100 datasheet: 600 GB/s, both directions"),
-    Link("NVLink 4 (H100)", 450, "NVIDIA H100 datasheet: 900 GB/s, both directions"),
-    Link("NVLink 5 (B200)", 900, "NVIDIA HGX B200 specifications: 1.8 TB/s, both directions"),
+    Link("InfiniBand NDR (1 port)", 50, "NVIDIA Quantum-2 InfiniBand platform / ConnectX-7: 400 Gb/s per port "
+         "= 50 GB/s per direction, https://www.nvidia.com/en-us/networking/quantum2/", alpha_us=5.0),
+    Link("NVLink 3 (A100)", 300, "NVIDIA A100 datasheet: 600 GB/s, both directions", alpha_us=3.0),
+    Link("NVLink 4 (H100)", 450, "NVIDIA H100 datasheet: 900 GB/s NVLink per GPU, both directions", alpha_us=3.0),
+    Link("NVLink 5 (B200)", 900, "NVIDIA HGX B200 specifications: 1.8 TB/s, both directions", alpha_us=3.0),
     Link("TPU v5p ICI (per chip)", 600, "Google Cloud TPU v5p docs: 1200 GB/s bidirectional per chip"),
 ]}
+NVLINK_H100 = LINKS["NVLink 4 (H100)"]
+IB_400G = LINKS["InfiniBand NDR (1 port)"]

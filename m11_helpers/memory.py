@@ -9,7 +9,7 @@ How: `torch.autograd.graph.saved_tensors_hooks` sees every tensor an op saves fo
 saves share one buffer (a view, the same tensor saved by two ops), so tensors are deduplicated by
 their storage and each storage is counted once, whole. Parameters (a Linear saves its weight) are
 excluded: they exist whether or not you train. The result is exact and deterministic on CPU and GPU,
-unlike RSS or tracemalloc, which see the allocator, not the graph (../shared/CPU-DISTRIBUTED-FACTS.md).
+unlike RSS or tracemalloc, which see the allocator, not the graph (docs/cpu-distributed-facts.md).
 
 What it does not see: tensors saved *inside* a `torch.utils.checkpoint` region (checkpointing installs
 its own hooks, which win — that is exactly the memory it saves) and the transient peak while backward
@@ -24,6 +24,8 @@ from typing import Any, Callable, Iterable, Iterator
 
 import torch
 from torch import nn
+
+from m11_helpers.validate import non_negative_real
 
 __all__ = ["SavedTensors", "track_saved_tensors", "saved_activation_bytes", "param_storage_ptrs", "format_bytes"]
 
@@ -115,8 +117,7 @@ def saved_activation_bytes(fn_or_model: Callable[..., Any], *inputs: Any, exclud
 
 def format_bytes(n: float) -> str:
     """1536 -> '1.50 KiB' (binary units, as memory is allocated)."""
-    if n < 0:
-        raise ValueError(f"n must be >= 0, got {n}")
+    non_negative_real("n", n)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if n < 1024 or unit == "TiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"

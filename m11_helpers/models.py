@@ -13,13 +13,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from m11_helpers.config import TINY_GPT, TransformerConfig
+from m11_helpers.validate import one_of, positive_int
 
 
 class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: TransformerConfig, attention: str = "sdpa"):
         super().__init__()
-        if attention not in ("sdpa", "naive"):
-            raise ValueError(f"attention must be 'sdpa' or 'naive', got {attention!r}")
+        one_of("attention", attention, ("sdpa", "naive"))
         self.heads, self.attention = cfg.heads, attention
         self.qkv = nn.Linear(cfg.hidden, 3 * cfg.hidden, bias=cfg.bias)
         self.proj = nn.Linear(cfg.hidden, cfg.hidden, bias=cfg.bias)
@@ -104,8 +104,10 @@ def _init_weights(m: nn.Module) -> None:
 
 def mlp(sizes: tuple[int, ...] = (16, 64, 64, 4), seed: int = 0) -> nn.Sequential:
     """A small MLP: Linear → ReLU → … → Linear, initialised from `seed` so every rank builds the same one."""
-    if len(sizes) < 2 or any((not isinstance(s, int)) or s < 1 for s in sizes):
-        raise ValueError(f"sizes must be at least two positive integers, got {sizes!r}")
+    if len(sizes) < 2:
+        raise ValueError(f"sizes must be at least two layer widths, got {sizes!r}")
+    for i, s in enumerate(sizes):
+        positive_int(f"sizes[{i}]", s)
     g = torch.Generator().manual_seed(seed)
     layers: list[nn.Module] = []
     for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):

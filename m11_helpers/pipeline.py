@@ -16,11 +16,13 @@ import time
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 # Imported here, in the caller, on purpose: forked ranks inherit it. Importing it in 4 ranks at once
 # on 2 cores took over 20 s (it pulls in DTensor); once, before the fork, it takes ~3 s.
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
-from torch import nn
+
+from m11_helpers.validate import one_of, positive_int, positive_real
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 
@@ -39,10 +41,8 @@ class Op:
 
 def _check(stages: int, microbatches: int, schedule: str, chunks: int) -> None:
     for name, value in (("stages", stages), ("microbatches", microbatches), ("chunks", chunks)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-    if schedule not in SCHEDULES:
-        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
+        positive_int(name, value)
+    one_of("schedule", schedule, SCHEDULES)
     if schedule != "interleaved" and chunks != 1:
         raise ValueError(f"chunks must be 1 for schedule={schedule!r} (only 'interleaved' has chunks), got {chunks}")
     if schedule == "interleaved" and microbatches % stages:
@@ -89,8 +89,8 @@ def simulate(stages: int, microbatches: int, schedule: str = "gpipe", chunks: in
     backward needs the backward of the next virtual stage (or this stage's own forward at the end).
     Communication is free; a chunk's forward takes t_f / v, its backward t_b / v.
     """
-    if t_f <= 0 or t_b <= 0:
-        raise ValueError(f"t_f and t_b must be > 0, got t_f={t_f}, t_b={t_b}")
+    positive_real("t_f", t_f)
+    positive_real("t_b", t_b)
     orders = schedule_order(stages, microbatches, schedule, chunks)
     p, v = stages, chunks
     done: dict[tuple, float] = {}  # (kind, virtual stage, micro) -> end time
@@ -215,7 +215,7 @@ class StageModule(nn.Module):
 def split_tiny_gpt(model, stages: int, t_f: float = 0.0, t_b: float = 0.0) -> list[StageModule]:
     """Cut `model` into `stages` consecutive StageModules (blocks spread evenly); they share its parameters."""
     n = len(model.blocks)
-    if isinstance(stages, bool) or not isinstance(stages, int) or not 1 <= stages <= n:
+    if positive_int("stages", stages) > n:
         raise ValueError(f"stages must be an integer in 1..{n} (one block at least per stage), got {stages!r}")
     cuts = [round(k * n / stages) for k in range(stages + 1)]
     return [StageModule(model, cuts[k], cuts[k + 1], k == 0, k == stages - 1, t_f, t_b) for k in range(stages)]
@@ -252,10 +252,8 @@ def run_schedules(configs: list[tuple[str, int]], batch: int | None = None, seed
     from m11_helpers.models import tiny_gpt
 
     for schedule, m in configs:
-        if schedule not in ("gpipe", "1f1b"):
-            raise ValueError(f"schedule must be 'gpipe' or '1f1b' (the single-chunk schedules), got {schedule!r}")
-        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
-            raise ValueError(f"microbatches must be an integer >= 1, got {m!r}")
+        one_of("schedule", schedule, ("gpipe", "1f1b"))  # the single-chunk schedules
+        positive_int("microbatches", m)
     rank, p = dist.get_rank(), dist.get_world_size()
     embedding_group = dist.new_group([0, p - 1])  # every rank must take part in creating a group
     out = []

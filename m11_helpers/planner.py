@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 
 from m11_helpers.config import TransformerConfig, param_count
+from m11_helpers.validate import one_of, positive_int
 
 GB = 1e9
 HEADROOM = 0.8  # plan to fill 80 % of a GPU's memory: the rest goes to buffers, workspace, fragmentation (an assumption)
@@ -77,17 +78,10 @@ class Plan3D:
                 f"mem {self.memory_gb['total']:6.1f} GB  bubble {self.bubble:5.1%}  step ≈ {self.step_s:6.2f} s")
 
 
-def _positive(**kw) -> None:
-    for name, value in kw.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
-
-
 def activation_bytes_per_layer(cfg: TransformerConfig, micro_batch: int, tp: int, recompute: str = "full") -> float:
     """s·b·h·(10 + 24/t + 5·a·s/(h·t)) bytes without recomputation; 2·s·b·h (the layer input) with full
     recomputation; s·b·h·(10 + 24/t) with selective (Korthikanti et al. 2022, §4.1 and §5, no sequence parallel)."""
-    if recompute not in ("none", "selective", "full"):
-        raise ValueError(f"recompute must be 'none', 'selective' or 'full', got {recompute!r}")
+    one_of("recompute", recompute, ("none", "selective", "full"))
     s, b, h, a = cfg.seq_len, micro_batch, cfg.hidden, cfg.heads
     if recompute == "full":
         return 2 * s * b * h
@@ -99,7 +93,8 @@ def memory_per_gpu(cfg: TransformerConfig, tp: int, pp: int, dp: int = 1, micro_
                    recompute: str = "full", zero1: bool = False) -> dict:
     """GB on the busiest GPU (the first stage): 16·N/(t·p) for states (+ its embedding slice), and
     L layers' activations (1F1B keeps p micro-batches of L/p layers in flight, Korthikanti §4.2.3)."""
-    _positive(tp=tp, pp=pp, dp=dp, micro_batch=micro_batch)
+    for name, v in (("tp", tp), ("pp", pp), ("dp", dp), ("micro_batch", micro_batch)):
+        positive_int(name, v)
     n = param_count(cfg)
     embedding = cfg.vocab_size * cfg.hidden
     per_layer = (n - embedding) / cfg.layers
@@ -116,7 +111,8 @@ def comm_per_step(cfg: TransformerConfig, tp: int, pp: int, dp: int, micro_batch
     """GB each GPU sends per step: TP 4 ring all-reduces of b·s·h·2 bytes per layer per micro-batch
     (Shoeybi et al. 2019, §3); PP b·s·h·2 bytes forward and back per micro-batch (Narayanan §3.2);
     DP one ring all-reduce of its 2-byte gradients (2(d−1)/d × payload)."""
-    _positive(tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, microbatches=microbatches)
+    for name, v in (("tp", tp), ("pp", pp), ("dp", dp), ("micro_batch", micro_batch), ("microbatches", microbatches)):
+        positive_int(name, v)
     act = micro_batch * cfg.seq_len * cfg.hidden * 2
     layers_here = cfg.layers / pp
     tp_bytes = 4 * layers_here * microbatches * act * 2 * (tp - 1) / tp
@@ -132,7 +128,8 @@ def _divisors(n: int) -> list[int]:
 def evaluate(cfg: TransformerConfig, cluster: Cluster, dp: int, tp: int, pp: int, global_batch: int,
              micro_batch: int = 1, recompute: str = "full", zero1: bool = False) -> Plan3D:
     """Memory, communication and an estimated step time for one (dp, tp, pp)."""
-    _positive(dp=dp, tp=tp, pp=pp, global_batch=global_batch, micro_batch=micro_batch)
+    for name, v in (("dp", dp), ("tp", tp), ("pp", pp), ("global_batch", global_batch), ("micro_batch", micro_batch)):
+        positive_int(name, v)
     if global_batch % (dp * micro_batch):
         raise ValueError(f"global_batch ({global_batch}) must be divisible by dp·micro_batch ({dp * micro_batch})")
     m = global_batch // (dp * micro_batch)
@@ -152,7 +149,8 @@ def plan_3d(cfg: TransformerConfig, cluster: Cluster, gpus: int, global_batch: i
             recompute: str = "full", zero1: bool = False) -> list[Plan3D]:
     """Every (dp, tp, pp) with dp·tp·pp = gpus that fits in memory, fastest estimate first.
     tp divides the heads, pp the layers, dp·micro_batch the global batch."""
-    _positive(gpus=gpus, global_batch=global_batch, micro_batch=micro_batch)
+    for name, v in (("gpus", gpus), ("global_batch", global_batch), ("micro_batch", micro_batch)):
+        positive_int(name, v)
     plans = []
     for tp in _divisors(gpus):
         if cfg.heads % tp or cfg.ffn_hidden % tp:
@@ -171,7 +169,8 @@ def megatron_rule(cfg: TransformerConfig, cluster: Cluster, gpus: int, global_ba
                   recompute: str = "full") -> Plan3D | None:
     """Narayanan et al. 2021, Takeaways #1–#2: the smallest model-parallel size M = t·p that fits, with
     t = min(M, GPUs per node) (tensor parallel inside a node, pipeline across nodes); dp = gpus / M."""
-    _positive(gpus=gpus, global_batch=global_batch, micro_batch=micro_batch)
+    for name, v in (("gpus", gpus), ("global_batch", global_batch), ("micro_batch", micro_batch)):
+        positive_int(name, v)
     for size in _divisors(gpus):
         tp = max(t for t in _divisors(min(size, cluster.gpus_per_node)) if size % t == 0 and cfg.heads % t == 0)
         pp, dp = size // tp, gpus // size

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from m11_helpers.validate import non_negative_int, positive_int
+
 __all__ = ["COMM_MARKERS", "is_comm", "union_length", "split_step_time", "profile_dp_step",
            "profile_data_parallel"]
 
@@ -70,8 +72,9 @@ def split_step_time(windows, compute, comm) -> dict[str, float]:
 def profile_dp_step(steps: int = 2, batch: int = 8, warmup: int = 2, trace_dir: str | None = None,
                     top: int = 6) -> dict:
     """Run on each rank (inside `launch`): DDP tiny GPT, warm up, profile `steps` steps; return the split."""
-    if steps < 1 or batch < 1 or warmup < 0:
-        raise ValueError(f"steps and batch must be >= 1 and warmup >= 0, got {steps}, {batch}, {warmup}")
+    positive_int("steps", steps)
+    positive_int("batch", batch)
+    non_negative_int("warmup", warmup)
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -85,13 +88,19 @@ def profile_dp_step(steps: int = 2, batch: int = 8, warmup: int = 2, trace_dir: 
     model = DDP(tiny_gpt(0).to(dev))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     idx, tgt = (t.to(dev) for t in tokens(batch, seed=rank).tensors)  # each rank its own shard
+
+    def train_step() -> None:
+        model(idx, tgt).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
     for _ in range(warmup):  # DDP's first iteration uses one bucket; the real buckets start after
-        model(idx, tgt).backward(); opt.step(); opt.zero_grad(set_to_none=True)
+        train_step()
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
     with profile(activities=acts) as prof:
         for _ in range(steps):
             with record_function("train_step"):
-                model(idx, tgt).backward(); opt.step(); opt.zero_grad(set_to_none=True)
+                train_step()
             if dev.type == "cuda":
                 torch.cuda.synchronize()
     events = list(prof.events())
@@ -111,7 +120,6 @@ def profile_dp_step(steps: int = 2, batch: int = 8, warmup: int = 2, trace_dir: 
         Path(trace_dir).mkdir(parents=True, exist_ok=True)
         trace = str(Path(trace_dir) / f"rank{rank}.json")
         prof.export_chrome_trace(trace)
-    del model
     return {"rank": rank, "wall_ms": split["wall"] / 1e3 / steps, "compute_ms": split["compute"] / 1e3 / steps,
             "comm_ms": split["comm"] / 1e3 / steps, "other_ms": split["other"] / 1e3 / steps,
             "overlap_ms": split["overlap"] / 1e3 / steps,
@@ -121,9 +129,9 @@ def profile_dp_step(steps: int = 2, batch: int = 8, warmup: int = 2, trace_dir: 
 def profile_data_parallel(num_processes: int = 2, steps: int = 2, batch: int = 8, trace_dir: str | None = None,
                           timeout: float = 120, show_output: bool = False) -> list[dict]:
     """`profile_dp_step` on `num_processes` real ranks via `launch`; one dict per rank, rank order."""
-    if num_processes < 1:
-        raise ValueError(f"num_processes must be >= 1, got {num_processes}")
+    positive_int("num_processes", num_processes)
     from torch.profiler import profile  # noqa: F401 - import once here; forked ranks inherit it
+
     from m11_helpers.launch import launch
 
     return launch(profile_dp_step, steps=steps, batch=batch, trace_dir=trace_dir, num_processes=num_processes,

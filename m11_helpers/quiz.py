@@ -1,11 +1,17 @@
 """The course's one quiz widget: multiple choice, feedback per answer, a running score.
 
-    quiz([
-        Question("Which collective does DDP run after backward?",
-                 ["broadcast", "all-reduce", "all-gather"], answer=1,
-                 feedback=["Only at start-up.", "Yes: sum, then divide by N.", "That is ZeRO-3's forward."]),
-        ...
-    ])
+    quiz("03_data_parallel")          # the lesson's questions, from m11_helpers/quizzes/03_data_parallel.py
+
+A lesson's questions live in `m11_helpers/quizzes/NN_topic.py` as `QUESTIONS = [Question(...), ...]`,
+not in the notebook, so the answer index is not on the learner's screen (or slide)::
+
+    Question("You double the ranks at a fixed per-rank batch. The all-reduce's bytes per rank…",
+             ["halve", "stay about the same", "double"], answer=1,
+             feedback=["…", "Right: 2(N−1)/N of the gradient, almost independent of N.", "…"],
+             transfer=True)
+
+`transfer=True` marks a "you change X: what happens to Y?" question; every lesson has at least two
+(tests/test_quizzes.py).
 
 The scoring is `QuizState` (plain Python, tested); the widget only wires buttons to it. Without a
 live widget front end (a static export, a slide deck), the quiz also renders as Markdown.
@@ -22,6 +28,7 @@ class Question:
     options: list[str]
     answer: int  # index of the right option
     feedback: list[str]  # one explanation per option, shown when it is picked
+    transfer: bool = False  # "you change X: what happens to Y?" rather than recall
 
     def __post_init__(self) -> None:
         if len(self.options) < 2:
@@ -108,6 +115,17 @@ class Quiz:
             display(Markdown(as_markdown(self.state.questions)))
 
 
-def quiz(questions: list[Question]) -> Quiz:
-    """Show a quiz; returns it so a test (or the curious) can inspect `.state`."""
-    return Quiz(questions)
+def lesson_questions(lesson: str) -> list[Question]:
+    """`QUESTIONS` of m11_helpers/quizzes/<lesson>.py (e.g. "03_data_parallel")."""
+    import importlib
+
+    try:
+        module = importlib.import_module(f"m11_helpers.quizzes.q{lesson}")
+    except ModuleNotFoundError:
+        raise ValueError(f"lesson {lesson!r} has no quiz: expected m11_helpers/quizzes/q{lesson}.py") from None
+    return list(module.QUESTIONS)
+
+
+def quiz(questions: list[Question] | str) -> Quiz:
+    """Show a quiz (a lesson name or questions); returns it so a test (or the curious) can inspect `.state`."""
+    return Quiz(lesson_questions(questions) if isinstance(questions, str) else questions)

@@ -20,6 +20,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from m11_helpers.validate import positive_int
+
 COMM: collections.Counter = collections.Counter()  # "all_reduce" -> calls, "bytes" -> payload bytes
 
 
@@ -183,17 +185,16 @@ class TPBlock(nn.Module):
 def all_reduces_per_layer(batch: int, seq_len: int, hidden: int, bytes_per_element: int = 2) -> dict:
     """Per transformer layer and step: 2 all-reduces forward + 2 backward, each of b·s·h elements
     (Shoeybi et al. 2019, §3: "two all-reduces in the forward path and two in the backward path")."""
-    for name, value in (("batch", batch), ("seq_len", seq_len), ("hidden", hidden), ("bytes_per_element", bytes_per_element)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    for name, value in (("batch", batch), ("seq_len", seq_len), ("hidden", hidden),
+                        ("bytes_per_element", bytes_per_element)):
+        positive_int(name, value)
     size = batch * seq_len * hidden * bytes_per_element
     return {"forward": 2, "backward": 2, "bytes_each": size, "bytes_total": 4 * size}
 
 
 def ring_bytes_per_rank(payload: int, world: int) -> float:
     """A ring all-reduce sends 2(w−1)/w × payload bytes per rank (Patarasuk & Yuan 2009)."""
-    if world < 1:
-        raise ValueError(f"world must be >= 1, got {world}")
+    positive_int("world", world)
     return 2 * (world - 1) / world * payload
 
 

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from m11_helpers.data import regression
 from m11_helpers.models import mlp
+from m11_helpers.validate import positive_int
 
 
 def hello() -> dict:
@@ -28,8 +29,9 @@ def hello() -> dict:
 
 def shard(n: int, rank: int, world_size: int) -> slice:
     """The contiguous slice of a batch of n samples that `rank` owns (n must divide evenly)."""
-    if world_size < 1 or not 0 <= rank < world_size:
-        raise ValueError(f"rank must be in 0..world_size-1 and world_size >= 1, got rank={rank}, world_size={world_size}")
+    positive_int("world_size", world_size)
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in 0..world_size-1 = 0..{world_size - 1}, got rank={rank}")
     if n % world_size:
         raise ValueError(f"n ({n}) must be divisible by world_size ({world_size}) for equal shards")
     per = n // world_size

@@ -19,6 +19,7 @@ import dataclasses
 import math
 
 from m11_helpers.config import TransformerConfig
+from m11_helpers.validate import non_negative_real, one_of, positive_int, positive_real
 
 __all__ = ["STAGES", "OFFLOADS", "MemoryBreakdown", "memory_breakdown", "memory_per_gpu", "reduction_factor",
            "min_gpus", "comm_volume", "activation_bytes", "optimizer_state_bytes", "deepspeed_estimate",
@@ -39,12 +40,9 @@ def gib(n_bytes: float) -> float:
 
 
 def _check(num_params: float, world_size: int, stage: int) -> None:
-    if not num_params > 0:
-        raise ValueError(f"num_params must be > 0, got {num_params!r}")
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be an integer >= 1, got {world_size!r}")
-    if stage not in STAGES:
-        raise ValueError(f"stage must be one of {list(STAGES)}, got {stage!r}")
+    positive_real("num_params", num_params)
+    positive_int("world_size", world_size)
+    one_of("stage", stage, STAGES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,13 +71,11 @@ def memory_breakdown(num_params: float, world_size: int, stage: int, *, activati
     Activations are per rank and never sharded by data parallelism: pass them in bytes.
     """
     _check(num_params, world_size, stage)
-    if offload not in OFFLOADS:
-        raise ValueError(f"offload must be one of {OFFLOADS}, got {offload!r}")
+    one_of("offload", offload, OFFLOADS)
     if offload == "optimizer+params" and stage != 3:
         raise ValueError(f"offload='optimizer+params' needs stage=3 (parameters are only sharded there), "
                          f"got stage={stage}")
-    if activations < 0:
-        raise ValueError(f"activations must be >= 0 bytes, got {activations!r}")
+    non_negative_real("activations", activations)
     n = world_size
     psi = float(num_params)
     params = param_bytes * psi / (n if stage >= 3 else 1)
@@ -109,8 +105,7 @@ def reduction_factor(world_size: int, stage: int, optimizer_bytes: int = 12) -> 
 def min_gpus(num_params: float, gpu_bytes: float, stage: int, *, activations: float = 0.0,
              offload: str = "none", max_gpus: int = 1 << 20, **kw) -> int | None:
     """Smallest N with memory_per_gpu(Ψ, N, stage) <= gpu_bytes; None when no N fits (ZeRO §5.1)."""
-    if not gpu_bytes > 0:
-        raise ValueError(f"gpu_bytes must be > 0, got {gpu_bytes!r}")
+    positive_real("gpu_bytes", gpu_bytes)
 
     def fits(n: int) -> bool:
         return memory_per_gpu(num_params, n, stage, activations=activations, offload=offload, **kw) <= gpu_bytes
@@ -147,10 +142,8 @@ def activation_bytes(cfg: TransformerConfig, micro_batch: int = 1, recompute: st
     Derived for a GPT block (4h GELU MLP, 16-bit activations, dropout masks): an estimate for other
     blocks. Data parallelism does not shard it: every rank holds its own micro-batch's activations.
     """
-    if recompute not in ("none", "selective", "full"):
-        raise ValueError(f"recompute must be 'none', 'selective' or 'full', got {recompute!r}")
-    if isinstance(micro_batch, bool) or not isinstance(micro_batch, int) or micro_batch < 1:
-        raise ValueError(f"micro_batch must be an integer >= 1, got {micro_batch!r}")
+    one_of("recompute", recompute, ("none", "selective", "full"))
+    positive_int("micro_batch", micro_batch)
     s, b, h, a = cfg.seq_len, micro_batch, cfg.hidden, cfg.heads
     per_layer = {"none": s * b * h * (34 + 5 * a * s / h), "selective": 34 * s * b * h, "full": 2 * s * b * h}
     return cfg.layers * per_layer[recompute]
@@ -179,8 +172,7 @@ def accelerate_estimate(num_params: int, dtype: str = "float32") -> int:
     float32 → max(4Ψ, 4Ψ, 8Ψ, 16Ψ) = 16Ψ; float16/bfloat16 → max(4Ψ, 6Ψ, 8Ψ, 8Ψ) = 8Ψ.
     The CLI prints it in 2**30 units.
     """
-    if dtype not in ("float32", "float16", "bfloat16"):
-        raise ValueError(f"dtype must be 'float32', 'float16' or 'bfloat16', got {dtype!r}")
+    one_of("dtype", dtype, ("float32", "float16", "bfloat16"))
     from accelerate.commands.estimate import estimate_training_usage
 
     return int(max(estimate_training_usage(4 * num_params, dtype).values()))

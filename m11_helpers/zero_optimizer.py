@@ -22,6 +22,8 @@ from typing import Iterable
 import torch
 import torch.distributed as dist
 
+from m11_helpers.validate import non_negative_real
+
 __all__ = ["ShardedAdamW", "adamw_update", "compare_with_adamw", "zero_redundancy_report",
            "import_zero_redundancy_optimizer"]
 
@@ -45,8 +47,7 @@ class ShardedAdamW:
     def __init__(self, params: Iterable[torch.nn.Parameter], lr: float = 1e-3,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 1e-2,
                  group: dist.ProcessGroup | None = None):
-        if lr < 0:
-            raise ValueError(f"lr must be >= 0, got {lr!r}")
+        non_negative_real("lr", lr)
         if not (0 <= betas[0] < 1 and 0 <= betas[1] < 1):
             raise ValueError(f"betas must be in [0, 1), got {betas!r}")
         self.params = [p for p in params if p.requires_grad]
@@ -195,5 +196,5 @@ def zero_redundancy_report(steps: int = 2, lr: float = 1e-2, batch: int = 8, see
     out = {"rank": rank, "state_bytes": state,
            "params_on_rank": sum(p.numel() for g in opt.optim.param_groups for p in g["params"]),
            "bitwise_equal": all(torch.equal(a, b) for a, b in zip(model.parameters(), ref.parameters()))}
-    del model, ref  # live DDP models at exit can abort the process (CPU-DISTRIBUTED-FACTS)
+    del model, ref  # live DDP models at exit can abort the process (docs/cpu-distributed-facts.md)
     return out

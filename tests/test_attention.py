@@ -1,12 +1,22 @@
 """Tiled / FlashAttention-style attention against the naive reference; byte formulas against the paper."""
-import math
 
 import pytest
 import torch
 
-from m11_helpers.attention import (attention_matrix_bytes, flash_attention, flash_block_sizes, flash_hbm_elements,
-                                   largest_intermediate, max_seq_len_for_budget, naive_attention, online_softmax_update, qkvo_bytes,
-                                   saved_bytes_by_method, standard_hbm_elements, tiled_attention)
+from m11_helpers.attention import (
+    attention_matrix_bytes,
+    flash_attention,
+    flash_block_sizes,
+    flash_hbm_elements,
+    largest_intermediate,
+    max_seq_len_for_budget,
+    naive_attention,
+    online_softmax_update,
+    qkvo_bytes,
+    saved_bytes_by_method,
+    standard_hbm_elements,
+    tiled_attention,
+)
 
 
 def qkv(B=2, H=2, T=19, D=8, dtype=torch.float64, seed=0):
@@ -55,7 +65,7 @@ def test_online_update_one_block_equals_softmax_of_two():
 
 
 def test_fully_masked_block_gives_no_nan():
-    m = torch.full((2, 1), float("-inf")); l = torch.zeros(2, 1); o = torch.zeros(2, 3)
+    m, l, o = torch.full((2, 1), float("-inf")), torch.zeros(2, 1), torch.zeros(2, 3)
     m2, l2, o2 = online_softmax_update(m, l, o, torch.full((2, 4), float("-inf")), torch.ones(4, 3))
     assert not torch.isnan(o2).any() and (l2 == 0).all()
 

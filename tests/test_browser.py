@@ -22,9 +22,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from m11_helpers.assets import assets_dir, installed
-from m11_helpers.browser import Chromium, JupyterLab, find_chromium, wait_for
-from m11_helpers.slides import build_deck
+from m11_helpers.tools.assets import assets_dir, installed
+from m11_helpers.tools.slides import build_deck
+from support.browser import Chromium, JupyterLab, find_chromium, wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = REPO / "build" / "test-artifacts" / "browser"
@@ -38,7 +38,7 @@ pytestmark = pytest.mark.skipif(
 )
 needs_assets = pytest.mark.skipif(
     not installed(assets_dir()),
-    reason=f"slide assets not in {assets_dir()}: run `.venv/bin/python -m m11_helpers.assets`",
+    reason=f"slide assets not in {assets_dir()}: run `.venv/bin/python -m m11_helpers.tools.assets`",
 )
 
 # reveal.js is an AMD module under require.js (no global `Reveal`): reach it through require

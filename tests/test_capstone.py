@@ -1,20 +1,33 @@
 """Lesson 11: the capstone plan against real runs — model states exact, activations exact, traffic exact."""
 
 import math
-from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from m11_helpers.capstone import (LEVERS, checkpoint_blocks, comm_elements, fsdp_local_numel, gpu_plan, lever_rows,
-                                  local_bytes, model_state_bytes, param_shapes, plan, resume_drill, step_seconds,
-                                  tiny_gpt_activation_bytes, track_activations)
+from m11_helpers.capstone import (
+    LEVERS,
+    checkpoint_blocks,
+    comm_elements,
+    fsdp_local_numel,
+    lever_rows,
+    local_bytes,
+    model_state_bytes,
+    param_shapes,
+    predict_gpu_run,
+    predict_run,
+    resume_drill,
+    step_seconds,
+    tiny_gpt_activation_bytes,
+    track_activations,
+)
 from m11_helpers.config import RUNNING_EXAMPLE, TINY_GPT, param_count
 from m11_helpers.launch import launch, launch_script
 from m11_helpers.models import tiny_gpt
+from m11_helpers.resources import script_path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "course" / "scripts" / "train.py"
+SCRIPT = script_path("train.py")
 
 
 def test_param_shapes_count_the_tiny_gpt_exactly():
@@ -95,7 +108,7 @@ def test_plan_equals_measured_fsdp2_on_3_processes():
     # 3 ranks: 64 rows split 22/22/20, so the per-rank plan must follow FSDP2's uneven chunks exactly.
     results = launch(_measure_fsdp_step, num_processes=3, show_output=False)
     for r in results:
-        p = plan(TINY_GPT, 3, r["local_batch"], parallel="fsdp2", rank=r["rank"])
+        p = predict_run(TINY_GPT, 3, r["local_batch"], parallel="fsdp2", rank=r["rank"])
         for k in ("parameters", "gradients", "optimizer"):
             assert r[k] == p[k], (k, r)
         assert r["activations"] == tiny_gpt_activation_bytes(TINY_GPT, r["local_batch"], separate_targets=False)
@@ -110,7 +123,7 @@ def test_comm_elements_and_errors():
     assert comm_elements(shapes, "ddp", accum=4)["total"] == psi  # no_sync: one all-reduce per step
     assert comm_elements(shapes, "fsdp2", accum=2, world_size=4)["total"] == 6 * psi  # 4 divides every d₀
     with pytest.raises(ValueError, match="parallel"):
-        plan(TINY_GPT, 2, 1, parallel="zero9")
+        predict_run(TINY_GPT, 2, 1, parallel="zero9")
     with pytest.raises(ValueError, match="world_size"):
         model_state_bytes(shapes, 0)
     with pytest.raises(ValueError, match="micro_batch"):
@@ -123,8 +136,8 @@ def test_comm_elements_and_errors():
 
 def test_gpu_plan_for_the_running_example():
     psi = param_count(RUNNING_EXAMPLE)
-    ddp = gpu_plan(RUNNING_EXAMPLE, 8, parallel="ddp", bf16=False)
-    fsdp = gpu_plan(RUNNING_EXAMPLE, 8, parallel="fsdp2", bf16=True, checkpointing=True)
+    ddp = predict_gpu_run(RUNNING_EXAMPLE, 8, parallel="ddp", bf16=False)
+    fsdp = predict_gpu_run(RUNNING_EXAMPLE, 8, parallel="fsdp2", bf16=True, checkpointing=True)
     assert ddp["model_states_gb"] == pytest.approx(16 * psi / 1e9) and not ddp["fits"]
     assert fsdp["model_states_gb"] == pytest.approx(2 * psi / 1e9) and fsdp["fits"]
     # full recomputation keeps 2sbh per layer (Korthikanti et al. 2022, Table 2): 32 · 2 · 4096 · 4096 bytes
@@ -146,7 +159,7 @@ def test_script_sweep_and_preemption_resume_bit_exact(tmp_path):
     torch.testing.assert_close(runs["fsdp2"]["losses"], runs["ddp"]["losses"], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(runs["checkpointing"]["losses"], runs["ddp"]["losses"], rtol=1e-5, atol=1e-6)
     for name in ("ddp", "fsdp2", "checkpointing"):
-        p = plan(TINY_GPT, 2, 4, parallel=runs[name]["parallel"], checkpointing=runs[name]["checkpointing"])
+        p = predict_run(TINY_GPT, 2, 4, parallel=runs[name]["parallel"], checkpointing=runs[name]["checkpointing"])
         for k in ("parameters", "gradients", "optimizer", "activations", "comm_elements"):
             assert runs[name][k] == p[k], (name, k)
     ck = ["--parallel", "fsdp2", "--ckpt-dir", str(tmp_path)]

@@ -5,8 +5,13 @@ import math
 import pytest
 import torch
 
-from m11_helpers.clipping import (clip_grad_norm_global_, find_first_nonfinite, global_grad_norm, loss_spike_run,
-                                  nonfinite_grads)
+from m11_helpers.clipping import (
+    clip_grad_norm_global_,
+    find_first_nonfinite,
+    global_grad_norm,
+    loss_spike_run,
+    nonfinite_grads,
+)
 from m11_helpers.data import tokens
 from m11_helpers.launch import launch
 from m11_helpers.models import tiny_gpt
@@ -47,7 +52,6 @@ def test_global_norm_is_norm_of_concatenation_and_clip_keeps_direction():
 
 
 def _sharded(rank, world):
-    import torch
 
     from m11_helpers.clipping import sharded_grad_norm
 

@@ -5,8 +5,17 @@ import math
 import numpy as np
 import pytest
 
-from m11_helpers.cloud import (daly_interval, expected_wall_time, multinode_commands, sagemaker_estimator,
-                               simulate_wall_time, slurm_script, spot_cost, wasted_fraction_curve, young_interval)
+from m11_helpers.cloud import (
+    daly_interval,
+    expected_wall_time,
+    multinode_commands,
+    sagemaker_estimator,
+    simulate_wall_time,
+    slurm_script,
+    spot_cost,
+    wasted_fraction_curve,
+    young_interval,
+)
 
 
 def test_young_worked_example():

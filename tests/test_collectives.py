@@ -8,8 +8,15 @@ import torch.distributed as dist
 from torch.testing import assert_close
 
 from m11_helpers import comm_model as cm
-from m11_helpers.collectives import (backend_all_gather, backend_reduce_scatter, bandwidth_sweep, ring_all_gather,
-                                     ring_all_reduce, ring_chunks, ring_reduce_scatter)
+from m11_helpers.collectives import (
+    backend_all_gather,
+    backend_reduce_scatter,
+    bandwidth_sweep,
+    ring_all_gather,
+    ring_all_reduce,
+    ring_chunks,
+    ring_reduce_scatter,
+)
 from m11_helpers.launch import launch
 
 # ----------------------------------------------------------------------------------------------
@@ -175,7 +182,7 @@ def test_lab_and_links_report_consistent_numbers():
     assert cm.explore(8, 2**20, 0.0, 1 / 50e9)["winner"] == "ring"  # no latency: the tree never wins
     assert cm.NVLINK_H100.beta == pytest.approx(1 / 450e9) and cm.IB_400G.bandwidth == 50e9
     with pytest.raises(ValueError, match="bandwidth"):
-        cm.Link("broken", 1e-6, 0, "none")
+        cm.Link("broken", 0, "none")
 
 
 def test_fit_without_latency_returns_alpha_zero():

@@ -1,6 +1,5 @@
 """Lesson 03: data parallelism against a single-process reference, on real gloo processes."""
 
-import time
 
 import pytest
 import torch
@@ -8,8 +7,15 @@ import torch.distributed as dist
 from torch.testing import assert_close
 from torch.utils.data import DistributedSampler
 
-from m11_helpers.data_parallel import (noise_scale, pack_buckets, scaled_lr, shard_indices, steps_and_examples,
-                                       train_regression, warmup_lr)
+from m11_helpers.data_parallel import (
+    noise_scale,
+    pack_buckets,
+    scaled_lr,
+    shard_indices,
+    steps_and_examples,
+    train_regression,
+    warmup_lr,
+)
 from m11_helpers.ddp_overlap import ddp_step_time, hidden_fraction, overlap_end, record_timeline
 from m11_helpers.launch import launch
 
@@ -25,20 +31,20 @@ def test_shard_indices_match_distributed_sampler(n, world, shuffle, drop_last):
             ref = DistributedSampler(range(n), num_replicas=world, rank=rank, shuffle=shuffle, seed=7,
                                      drop_last=drop_last)
             ref.set_epoch(epoch)
-            got = shard_indices(n, world, rank, shuffle=shuffle, seed=7, epoch=epoch, drop_last=drop_last)
+            got = shard_indices(n, rank, world, shuffle=shuffle, seed=7, epoch=epoch, drop_last=drop_last)
             assert got == list(ref)
 
 
 def test_padding_repeats_the_first_indices_and_covers_everything():
-    shards = [shard_indices(10, 4, r) for r in range(4)]
+    shards = [shard_indices(10, r, 4) for r in range(4)]
     assert shards == [[0, 4, 8], [1, 5, 9], [2, 6, 0], [3, 7, 1]]  # 2 padded: samples 0 and 1 seen twice
     assert sorted(i for s in shards for i in s) == sorted(list(range(10)) + [0, 1])
 
 
 def test_forgetting_set_epoch_repeats_the_order():
-    e0 = shard_indices(16, 2, 0, shuffle=True, epoch=0)
-    assert shard_indices(16, 2, 0, shuffle=True, epoch=0) == e0  # no set_epoch: the same order every epoch
-    assert shard_indices(16, 2, 0, shuffle=True, epoch=1) != e0
+    e0 = shard_indices(16, 0, 2, shuffle=True, epoch=0)
+    assert shard_indices(16, 0, 2, shuffle=True, epoch=0) == e0  # no set_epoch: the same order every epoch
+    assert shard_indices(16, 0, 2, shuffle=True, epoch=1) != e0
 
 
 def test_shard_indices_rejects_bad_arguments():

@@ -5,18 +5,26 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from m11_helpers.fault_tolerance import (PreemptionNotice, atomic_save, batch_indices, latest_checkpoint,
-                                         load_checkpoint, rng_state, set_rng_state, state_checksum)
+from m11_helpers.fault_tolerance import (
+    PreemptionNotice,
+    atomic_save,
+    batch_indices,
+    latest_checkpoint,
+    load_checkpoint,
+    rng_state,
+    set_rng_state,
+    state_checksum,
+)
 from m11_helpers.launch import accelerate_command, launch, launch_script
 from m11_helpers.models import mlp
+from m11_helpers.resources import script_path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "course" / "scripts" / "train_spot.py"
+SCRIPT = script_path("train_spot.py")
 STEPS = ["--steps", "24"]
 
 

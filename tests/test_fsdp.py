@@ -1,7 +1,6 @@
 """FSDP2 on a CPU mesh: Ψ/N per rank measured, gradients equal DDP's, 2Ψ vs 3Ψ counted; Accelerate's CPU fallback."""
 
 import pytest
-import torch
 
 from m11_helpers.config import TINY_GPT, param_count
 from m11_helpers.fsdp import TrafficCounter, accelerate_fsdp_probe, fsdp_step_report, is_sharded

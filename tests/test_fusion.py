@@ -2,9 +2,17 @@
 import pytest
 import torch
 
-from m11_helpers.fusion import (chain_inputs, fused_traffic_bytes, gelu_tanh_unfused, kernel_traffic,
-                                layernorm_unfused, ln_bias_gelu_library, ln_bias_gelu_unfused, time_fn,
-                                traffic_bytes)
+from m11_helpers.fusion import (
+    chain_inputs,
+    fused_traffic_bytes,
+    gelu_tanh_unfused,
+    kernel_traffic,
+    layernorm_unfused,
+    ln_bias_gelu_library,
+    ln_bias_gelu_unfused,
+    time_fn,
+    traffic_bytes,
+)
 
 
 def test_unfused_equals_library():

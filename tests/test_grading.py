@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 from m11_helpers.grading import checks, exercises, grader
-from m11_helpers.notebooks import dumps, from_percent
+from m11_helpers.tools.notebooks import dumps, from_percent
 
 DATA = Path(__file__).parent / "data" / "grading"
 NB = "00_demo.ipynb"
@@ -201,3 +201,18 @@ def test_bad_arguments_exit_2(work: Path, capsys) -> None:
     assert grader.main([str(work / "missing")]) == 2
     assert grader.main([str(work / "exercises"), "--min-score", "150"]) == 2
     assert "allowed 0..100" in capsys.readouterr().err
+
+
+def test_reports_are_written_from_the_result_types(tmp_path: Path) -> None:
+    from m11_helpers.grading import plugin, report
+    from m11_helpers.grading.results import ExerciseResult, NotebookResult
+
+    res = NotebookResult("00_demo.ipynb", [ExerciseResult("0.1", 2, 2, "passed"),
+                                           ExerciseResult("0.2", 0, 3, "failed", "Exercise 0.2: wrong\n  hint: x")])
+    assert (res.score, res.max_score) == (2, 5)
+    report.write_reports([res], tmp_path)
+    data = json.loads((tmp_path / "report.json").read_text())
+    assert (data["score"], data["max_score"]) == (2, 5)
+    assert data["notebooks"][0]["exercises"][1]["why"].startswith("Exercise 0.2")
+    assert "0.2" in (tmp_path / "report.md").read_text()
+    assert plugin.LOG_ENV == "M11_GRADE_LOG"  # the grader and its plugin agree on where records go

@@ -9,10 +9,28 @@ import pytest
 
 from m11_helpers.config import RUNNING_EXAMPLE, param_count
 from m11_helpers.hardware import (
-    BYTES_PER_PARAM, arithmetic_intensity, attainable_flops, bf16_hardware, bound, cpu_flags, device_choices,
-    matmul_bytes, matmul_flops, matmul_intensity, max_params, measure_copy_bandwidth, measure_kernels,
-    measure_matmul, measured_chip, memory_needed, model_flops_utilization, plot_roofline, ridge_point,
-    roofline_point, training_days, training_flops,
+    BYTES_PER_PARAM,
+    arithmetic_intensity,
+    attainable_flops,
+    bf16_hardware,
+    bound,
+    cpu_flags,
+    device_choices,
+    matmul_bytes,
+    matmul_flops,
+    matmul_intensity,
+    max_params,
+    measure_copy_bandwidth,
+    measure_kernels,
+    measure_matmul,
+    measured_chip,
+    memory_needed,
+    model_flops_utilization,
+    plot_roofline,
+    ridge_point,
+    roofline_point,
+    training_days,
+    training_flops,
 )
 from m11_helpers.hardware_specs import CHIPS, DTYPE_BYTES, LINKS, Chip, chip
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from m11_helpers.launch import LaunchError, LaunchTimeout, launch, launch_script, plan
+from m11_helpers.launch import LaunchError, LaunchTimeout, launch, launch_plan, launch_script
 
 
 @pytest.fixture(autouse=True)
@@ -130,7 +130,7 @@ def test_two_launches_at_once_do_not_clash():
         (dict(num_processes=0), "num_processes must be an integer >= 1"),
         (dict(num_processes=2.5), "num_processes must be an integer >= 1"),
         (dict(num_processes=1000), "num_processes=1000 is more than this machine can run"),
-        (dict(timeout=0), "timeout must be a number of seconds > 0"),
+        (dict(timeout=0), "timeout must be a finite number > 0"),
         (dict(device="tpu"), "device must be one of"),
         (dict(mixed_precision="fp8"), "mixed_precision must be one of"),
     ],
@@ -148,7 +148,7 @@ def test_a_non_callable_is_refused():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only refusal")
 def test_cuda_without_gpus_is_refused():
     with pytest.raises(ValueError, match="needs one GPU per process"):
-        plan(2, device="cuda")
+        launch_plan(2, device="cuda")
 
 
 SCRIPT = """

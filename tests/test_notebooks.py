@@ -7,8 +7,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from m11_helpers import notebooks
-from m11_helpers.notebooks import clean, dumps, from_percent, is_clean
+from m11_helpers.tools import notebooks
+from m11_helpers.tools.notebooks import clean, dumps, from_percent, is_clean
 
 ROOT = Path(__file__).resolve().parents[1]
 

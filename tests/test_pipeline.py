@@ -4,9 +4,20 @@ import pytest
 import torch
 
 from m11_helpers.launch import launch
-from m11_helpers.pipeline import (bubble_fraction, gather, naive_step, peak_in_flight, reference_step, run_schedules,
-                                  schedule_order, schedule_table, simulate, split_tiny_gpt, timeline_bubble)
 from m11_helpers.models import tiny_gpt
+from m11_helpers.pipeline import (
+    bubble_fraction,
+    gather,
+    naive_step,
+    peak_in_flight,
+    reference_step,
+    run_schedules,
+    schedule_order,
+    schedule_table,
+    simulate,
+    split_tiny_gpt,
+    timeline_bubble,
+)
 
 
 def test_bubble_fraction_worked_examples():

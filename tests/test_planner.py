@@ -3,8 +3,17 @@
 import pytest
 
 from m11_helpers.config import RUNNING_EXAMPLE, param_count
-from m11_helpers.planner import (MEGATRON_1T, MEGATRON_TABLE1, SELENE, activation_bytes_per_layer, comm_per_step,
-                                 evaluate, megatron_rule, memory_per_gpu, plan_3d)
+from m11_helpers.planner import (
+    MEGATRON_1T,
+    MEGATRON_TABLE1,
+    SELENE,
+    activation_bytes_per_layer,
+    comm_per_step,
+    evaluate,
+    megatron_rule,
+    memory_per_gpu,
+    plan_3d,
+)
 
 
 def test_table1_parameter_counts():

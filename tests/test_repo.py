@@ -6,6 +6,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from m11_helpers.tools.setup_cell import readme_row, setup_cell_source
+
 ROOT = Path(__file__).resolve().parents[1]
 LESSONS = sorted(p.stem for p in (ROOT / "course").glob("[0-9][0-9]_*.ipynb"))
 
@@ -19,8 +21,17 @@ def test_lesson_has_solutions_exercises_and_a_readme_row(stem):
     assert (ROOT / "solutions" / f"{stem}.ipynb").exists(), "every lesson has graded exercises"
     assert (ROOT / "exercises" / f"{stem}.ipynb").exists(), "run `m11 make-exercises`"
     readme = (ROOT / "README.md").read_text()
-    assert f"colab.research.google.com/github/" in readme and f"course/{stem}.ipynb" in readme
-    assert re.search(rf"studiolab\.sagemaker\.aws/import/github/\S+/course/{stem}\.ipynb", readme)
+    row = next((line for line in readme.splitlines() if line.startswith(f"| {stem[:2]} | ")), None)
+    assert row, f"the README's lesson table has no row for {stem}"
+    title = re.match(r"\| \d\d \| \[(.+?)\]\(", row)[1]
+    assert row == readme_row(stem[:2], stem[3:], title), "README rows come from m11_helpers.tools.setup_cell.readme_row"
+
+
+@pytest.mark.parametrize("folder", ["course", "solutions", "exercises"])
+def test_every_notebook_starts_with_the_same_setup_cell(folder):
+    for path in sorted((ROOT / folder).glob("[0-9][0-9]_*.ipynb")):
+        code = [c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
+        assert code[0] == setup_cell_source(), f"{folder}/{path.name}: the setup cell differs"
 
 
 @pytest.mark.parametrize("stem", LESSONS)
@@ -31,7 +42,7 @@ def test_lesson_follows_the_checklist(stem):
     assert nb.cells[0].cell_type == "markdown" and nb.cells[0].source.startswith("# "), "title first"
     assert "You will be able to" in nb.cells[0].source or "you will be able to" in nb.cells[0].source
     code = [c.source for c in nb.cells if c.cell_type == "code"]
-    assert "from m11_helpers.doctor import setup" in code[0], "the first code cell is the setup cell"
+    assert code[0] == setup_cell_source(), "the first code cell is the setup cell (m11_helpers.tools.setup_cell)"
     text = "\n".join(c.source for c in nb.cells)
     assert "quiz(" in text, "a four-question quiz"
     assert "takeaways" in text.lower(), "key takeaways"

@@ -9,8 +9,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from m11_helpers.assets import assets_dir, installed
-from m11_helpers.slides import build_deck, main, write_index
+from m11_helpers.tools.assets import assets_dir, installed
+from m11_helpers.tools.slides import build_deck, main, write_index
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE = REPO / "tests" / "data" / "slides" / "demo.ipynb"
@@ -18,7 +18,7 @@ LESSON_00 = REPO / "course" / "00_welcome.ipynb"
 
 needs_assets = pytest.mark.skipif(
     not installed(assets_dir()),
-    reason=f"slide assets not in {assets_dir()}: run `.venv/bin/python -m m11_helpers.assets`",
+    reason=f"slide assets not in {assets_dir()}: run `.venv/bin/python -m m11_helpers.tools.assets`",
 )
 REMOTE = re.compile(r"^\s*(?:https?:)?//", re.I)
 CSS_REF = re.compile(r"""url\(\s*['"]?([^'")]+)|@import\s+['"]([^'"]+)""", re.I)

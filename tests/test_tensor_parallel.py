@@ -7,8 +7,16 @@ import torch
 
 from m11_helpers.launch import launch
 from m11_helpers.models import tiny_gpt
-from m11_helpers.tensor_parallel import (COMM, ColumnParallelLinear, RowParallelLinear, TPBlock, all_reduces_per_layer,
-                                         count_collectives, parallelize_mlp, ring_bytes_per_rank)
+from m11_helpers.tensor_parallel import (
+    COMM,
+    ColumnParallelLinear,
+    RowParallelLinear,
+    TPBlock,
+    all_reduces_per_layer,
+    count_collectives,
+    parallelize_mlp,
+    ring_bytes_per_rank,
+)
 
 
 def _check_on_ranks():

@@ -3,7 +3,15 @@
 import pytest
 import torch
 
-from m11_helpers.config import GPT2_SMALL, GPT3_175B, LLAMA2_7B, RUNNING_EXAMPLE, TINY_GPT, TransformerConfig, param_count
+from m11_helpers.config import (
+    GPT2_SMALL,
+    GPT3_175B,
+    LLAMA2_7B,
+    RUNNING_EXAMPLE,
+    TINY_GPT,
+    TransformerConfig,
+    param_count,
+)
 from m11_helpers.data import regression, tokens
 from m11_helpers.launch import LaunchError, launch
 from m11_helpers.models import mlp, tiny_gpt
@@ -58,7 +66,7 @@ def test_param_count_equals_the_tiny_gpt_numel():
 def test_config_rejects_bad_shapes():
     with pytest.raises(ValueError, match="divisible by heads"):
         TransformerConfig("x", vocab_size=10, hidden=10, layers=1, heads=3, ffn_hidden=4, seq_len=4)
-    with pytest.raises(ValueError, match="layers must be a positive integer"):
+    with pytest.raises(ValueError, match="layers must be an integer >= 1"):
         TransformerConfig("x", vocab_size=10, hidden=8, layers=0, heads=2, ffn_hidden=4, seq_len=4)
 
 

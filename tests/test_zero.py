@@ -7,9 +7,21 @@ import torch
 
 from m11_helpers.config import RUNNING_EXAMPLE, TINY_GPT, param_count
 from m11_helpers.launch import launch
-from m11_helpers.zero import (accelerate_estimate, activation_bytes, comm_volume, deepspeed_estimate, gb, gib,
-                              lab_figure, lab_rows, memory_breakdown, memory_per_gpu, min_gpus,
-                              optimizer_state_bytes, reduction_factor)
+from m11_helpers.zero import (
+    accelerate_estimate,
+    activation_bytes,
+    comm_volume,
+    deepspeed_estimate,
+    gb,
+    gib,
+    lab_figure,
+    lab_rows,
+    memory_breakdown,
+    memory_per_gpu,
+    min_gpus,
+    optimizer_state_bytes,
+    reduction_factor,
+)
 from m11_helpers.zero_optimizer import adamw_update, compare_with_adamw, zero_redundancy_report
 
 

@@ -13,7 +13,7 @@ In a solution notebook:
   between `### BEGIN HIDDEN TESTS` / `### END HIDDEN TESTS`: removed from the learner's copy, put
   back by `m11 grade`.
 - outputs are cleared, except those of `# NBVAL_CHECK_OUTPUT` cells that are neither solution nor
-  check cells; everything else is copied as is (then cleaned by `m11_helpers.notebooks.clean`).
+  check cells; everything else is copied as is (then cleaned by `m11_helpers.tools.notebooks.clean`).
 
 Mistakes (unbalanced markers, a solution without an exercise id, an id used twice, a check cell
 without points) raise `ExerciseError` naming the notebook, the cell index and the fix.
@@ -29,8 +29,8 @@ from pathlib import Path
 import nbformat
 from nbformat import NotebookNode
 
-from m11_helpers.notebooks import clean, dumps
-from m11_helpers.paths import repo_root as find_repo_root
+from m11_helpers.tools.notebooks import clean, dumps
+from m11_helpers.tools.paths import repo_root as find_repo_root
 
 __all__ = ["ExerciseError", "find_repo_root", "m11_meta", "validate", "make_exercise", "sync", "main"]
 

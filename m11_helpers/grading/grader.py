@@ -19,9 +19,7 @@ re-parented to it and killed with every other descendant after each run.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
-import ctypes
 import json
 import os
 import subprocess
@@ -30,7 +28,6 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 import nbformat
 import psutil
@@ -38,41 +35,17 @@ from nbformat import NotebookNode
 
 from m11_helpers.grading import plugin, report
 from m11_helpers.grading.exercises import find_repo_root, m11_meta
-from m11_helpers.notebooks import find_notebooks
+from m11_helpers.grading.results import ExerciseResult, NotebookResult
+from m11_helpers.procs import kill_descendants, subreaper
+from m11_helpers.tools.notebooks import find_notebooks
 
 __all__ = ["ExerciseResult", "NotebookResult", "prepare", "grade_notebook", "grade", "main"]
 
 MAX_ATTEMPTS = 4  # one run, plus a rerun per cell that killed (or had to kill) the kernel
-PR_SET_CHILD_SUBREAPER, PR_GET_CHILD_SUBREAPER = 36, 37
 
 
 @dataclass
-class ExerciseResult:
-    exercise: str
-    points: float
-    max_points: float
-    status: str  # passed | failed | not run
-    why: str = ""
-
-
-@dataclass
-class NotebookResult:
-    notebook: str
-    exercises: list[ExerciseResult] = field(default_factory=list)
-    seconds: float = 0.0
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def score(self) -> float:
-        return sum(e.points for e in self.exercises)
-
-    @property
-    def max_score(self) -> float:
-        return sum(e.max_points for e in self.exercises)
-
-
-@dataclass
-class _Plan:
+class _CellMap:
     """Which cells of the graded copy belong to which exercise."""
     exercise: str
     max_points: float = 0.0
@@ -80,7 +53,7 @@ class _Plan:
     solutions: list[int] = field(default_factory=list)
 
 
-def prepare(nb: NotebookNode, source: NotebookNode | None) -> tuple[NotebookNode, list[_Plan]]:
+def prepare(nb: NotebookNode, source: NotebookNode | None) -> tuple[NotebookNode, list[_CellMap]]:
     """The copy to run (outputs stripped, the source's check cells in place) and its exercises."""
     graded = copy.deepcopy(nb)
     for cell in graded.cells:
@@ -117,57 +90,18 @@ def prepare(nb: NotebookNode, source: NotebookNode | None) -> tuple[NotebookNode
         if cell.get("id") in seen or not cell.get("id"):
             cell["id"] = f"graded-{i}"
         seen.add(cell["id"])
-    plans: dict[str, _Plan] = {}
+    plans: dict[str, _CellMap] = {}
     ids = {id(c) for c in placed}
     for i, cell in enumerate(graded.cells):
         meta = m11_meta(cell)
         ex = str(meta.get("exercise"))
         if id(cell) in ids:
-            plan = plans.setdefault(ex, _Plan(ex))
+            plan = plans.setdefault(ex, _CellMap(ex))
             plan.checks.append(i)
             plan.max_points += float(meta.get("points") or 0)
         elif meta.get("role") == "solution":
-            plans.setdefault(ex, _Plan(ex)).solutions.append(i)
+            plans.setdefault(ex, _CellMap(ex)).solutions.append(i)
     return graded, [p for p in plans.values() if p.checks]
-
-
-@contextlib.contextmanager
-def _subreaper() -> Iterator[None]:
-    """Be a child subreaper meanwhile: orphans (double-forked daemons) re-parent to us, not init.
-
-    The previous setting comes back afterwards, so a host process (a test session) does not keep
-    collecting other programs' orphans.
-    """
-    prctl = None
-    if sys.platform.startswith("linux"):
-        try:
-            prctl = ctypes.CDLL(None, use_errno=True).prctl
-        except (OSError, AttributeError):
-            prctl = None
-    before = ctypes.c_int(0)
-    if prctl is not None:
-        prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(before), 0, 0, 0)
-        prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    try:
-        yield
-    finally:
-        if prctl is not None:
-            prctl(PR_SET_CHILD_SUBREAPER, before.value, 0, 0, 0)
-
-
-def _kill_descendants(spared: set[int]) -> None:
-    """Kill every descendant not in `spared`, repeatedly, until none is left; reap them."""
-    me = psutil.Process()
-    for _ in range(10):
-        procs = [p for p in me.children(recursive=True) if p.pid not in spared]
-        if not procs:
-            return
-        for p in procs:
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
-        psutil.wait_procs(procs, timeout=3)
 
 
 def _run_once(nb: NotebookNode, cwd: Path, cell_timeout: float, limit: float,
@@ -240,7 +174,7 @@ def grade_notebook(path: Path, source: Path | None = None, cell_timeout: float =
     cells: dict[int, dict] = {}
     deadline, skip = start + notebook_timeout, set()
     spared = {p.pid for p in psutil.Process().children(recursive=True)}
-    with _subreaper(), tempfile.TemporaryDirectory(prefix="m11-grade-") as tmp:
+    with subreaper(), tempfile.TemporaryDirectory(prefix="m11-grade-") as tmp:
         for _attempt in range(MAX_ATTEMPTS):
             run = copy.deepcopy(graded)
             for i in skip:
@@ -249,7 +183,7 @@ def grade_notebook(path: Path, source: Path | None = None, cell_timeout: float =
                 records, note = _run_once(run, path.parent.resolve(), cell_timeout,
                                           deadline - time.monotonic(), Path(tmp))
             finally:
-                _kill_descendants(spared)
+                kill_descendants(spared)
             started = [r["cell"] for r in records if r.get("event") == "start"]
             done = {r["cell"]: r for r in records if r.get("event") == "result"}
             for n, rec in done.items():

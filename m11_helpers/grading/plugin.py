@@ -22,8 +22,9 @@ import time
 from queue import Empty
 from typing import Any
 
-import psutil
 import pytest
+
+from m11_helpers.procs import kill_descendants
 
 LOG_ENV, CWD_ENV, TIMEOUT_ENV = "M11_GRADE_LOG", "M11_GRADE_CWD", "M11_GRADE_CELL_TIMEOUT"
 GRACE_S = 10.0  # nbval interrupts at the timeout and gives up 5 s later; we step in after that
@@ -82,11 +83,7 @@ def _watchdog(limit: float) -> None:
         running = _state["running"]
         if running and time.monotonic() - running[1] > limit:
             _write({"event": "watchdog", "cell": running[0]})
-            for child in psutil.Process().children(recursive=True):
-                try:
-                    child.kill()
-                except psutil.Error:
-                    pass
+            kill_descendants()
             _state["running"] = None
 
 

@@ -12,11 +12,10 @@ import json
 import re
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable
+from typing import Iterable
 from xml.etree import ElementTree as ET
 
-if TYPE_CHECKING:
-    from m11_helpers.grading.grader import NotebookResult
+from m11_helpers.grading.results import NotebookResult
 
 __all__ = ["write_reports", "terminal_table", "markdown", "junit_xml", "write_class_csv", "class_table"]
 

@@ -4,7 +4,7 @@
     run = launch_script("train.py", "--steps", "20", num_processes=4)   # `accelerate launch` underneath
 
 `launch` forks the ranks from the running interpreter, the way `accelerate.notebook_launcher` does,
-and covers its gaps (see ../shared/CPU-DISTRIBUTED-FACTS.md, measured on torch 2.13 / accelerate
+and covers its gaps (see docs/cpu-distributed-facts.md, measured on torch 2.13 / accelerate
 1.15): it returns every rank's return value, picks its own port and never clashes with another
 launch, forks real processes on Colab's CPU runtime too (where Accelerate runs the function once,
 in-process), pins one OpenMP thread per rank (a forked child that uses more after the kernel has
@@ -12,9 +12,9 @@ hangs forever), and turns a crash, a dead rank or a hang into a `LaunchError` na
 within seconds or at `timeout`, with no process left behind.
 """
 
-from m11_helpers.launch.base import LaunchError, LaunchTimeout, Plan, kill_tree, plan
+from m11_helpers.launch.base import LaunchError, LaunchPlan, LaunchTimeout, launch_plan
 from m11_helpers.launch.fork import launch
 from m11_helpers.launch.script import RESULTS_ENV, ScriptRun, accelerate_command, launch_script, report
 
-__all__ = ["LaunchError", "LaunchTimeout", "Plan", "ScriptRun", "accelerate_command", "kill_tree", "launch",
-           "launch_script", "plan", "report", "RESULTS_ENV"]
+__all__ = ["LaunchError", "LaunchTimeout", "LaunchPlan", "ScriptRun", "accelerate_command", "launch",
+           "launch_script", "launch_plan", "report", "RESULTS_ENV"]

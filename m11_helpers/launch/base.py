@@ -1,16 +1,15 @@
-"""What every launch shares: the errors it raises, the plan it makes, and how it stops processes."""
+"""What every launch shares: the errors it raises and the plan it makes (stopping processes: m11_helpers.procs)."""
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import dataclasses
 import os
 import signal
 import time
-from typing import Sequence
 
-import psutil
+from m11_helpers.validate import one_of, positive_int
+
 
 class LaunchError(RuntimeError):
     """One or more ranks failed; `.failures` maps rank -> traceback (or reason)."""
@@ -31,7 +30,7 @@ class LaunchTimeout(LaunchError):
 
 
 @dataclasses.dataclass(frozen=True)
-class Plan:
+class LaunchPlan:
     """What a launch of `num_processes` ranks will use on this machine."""
 
     num_processes: int
@@ -50,14 +49,11 @@ def _cpu_limit() -> int:
     return max(8, 4 * (os.cpu_count() or 1))
 
 
-def plan(num_processes: int = 2, device: str = "auto", threads_per_process: int = 1) -> Plan:
+def launch_plan(num_processes: int = 2, device: str = "auto", threads_per_process: int = 1) -> LaunchPlan:
     """Choose device and backend for a launch, validating the arguments (ValueError says what to pass)."""
-    if isinstance(num_processes, bool) or not isinstance(num_processes, int) or num_processes < 1:
-        raise ValueError(f"num_processes must be an integer >= 1, got {num_processes!r}")
-    if device not in ("auto", "cpu", "cuda"):
-        raise ValueError(f"device must be one of 'auto', 'cpu', 'cuda', got {device!r}")
-    if isinstance(threads_per_process, bool) or not isinstance(threads_per_process, int) or threads_per_process < 1:
-        raise ValueError(f"threads_per_process must be an integer >= 1, got {threads_per_process!r}")
+    positive_int("num_processes", num_processes)
+    one_of("device", device, ("auto", "cpu", "cuda"))
+    positive_int("threads_per_process", threads_per_process)
     import torch
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -72,41 +68,7 @@ def plan(num_processes: int = 2, device: str = "auto", threads_per_process: int 
             f"num_processes={num_processes} is more than this machine can run sensibly on CPU "
             f"({os.cpu_count()} cores): pass num_processes <= {_cpu_limit()}"
         )
-    return Plan(num_processes, "cuda" if use_cuda else "cpu", "nccl" if use_cuda else "gloo", threads_per_process)
-
-
-# ----------------------------------------------------------------------------------------------
-# Small process utilities
-# ----------------------------------------------------------------------------------------------
-
-
-def _die_with_parent() -> None:
-    """Linux: get SIGKILL when the process that forked us dies (a crashed kernel leaves nothing)."""
-    with contextlib.suppress(Exception):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
-
-
-def kill_tree(pids: Sequence[int], grace: float = 0.0) -> None:
-    """SIGKILL each pid and everything it started, then reap; `grace` seconds of SIGTERM first."""
-    procs: list[psutil.Process] = []
-    for pid in pids:
-        with contextlib.suppress(psutil.Error):
-            p = psutil.Process(pid)
-            procs += p.children(recursive=True) + [p]
-    if grace > 0:
-        for p in procs:
-            with contextlib.suppress(psutil.Error):
-                p.terminate()
-        _, procs = psutil.wait_procs(procs, timeout=grace)
-    for p in procs:
-        with contextlib.suppress(psutil.Error):
-            p.kill()
-    psutil.wait_procs(procs, timeout=5)
-    for pid in pids:  # reap our own children so none stays a zombie
-        with contextlib.suppress(ChildProcessError, OSError):
-            os.waitpid(pid, os.WNOHANG)
-
+    return LaunchPlan(num_processes, "cuda" if use_cuda else "cpu", "nccl" if use_cuda else "gloo", threads_per_process)
 
 
 def _exit_reason(pid: int) -> str:

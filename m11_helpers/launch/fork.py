@@ -3,6 +3,10 @@
 The ranks meet through a TCPStore that lives in its own process on a socket bound before any fork
 (no port race); each rank reports through its own pipe; the caller watches every pipe, so a crash,
 a dead rank or a hang turns into a `LaunchError` within seconds or at `timeout`.
+
+This module is the one exception to the 300-line rule (CONTRIBUTING): the fork, the rank's body and
+the caller's watch loop share one protocol (pipes, release byte, exit codes), and reading them side by
+side is how a reader checks that no path leaves a process behind.
 """
 
 from __future__ import annotations
@@ -21,7 +25,10 @@ import traceback
 from datetime import timedelta
 from typing import Any, Callable
 
-from m11_helpers.launch.base import LaunchError, LaunchTimeout, Plan, _die_with_parent, _exit_reason, kill_tree, plan
+from m11_helpers.launch.base import LaunchError, LaunchPlan, LaunchTimeout, _exit_reason, launch_plan
+from m11_helpers.procs import die_with_parent, kill_tree
+from m11_helpers.validate import one_of, positive_real
+
 
 def _send(fd: int, kind: str, payload: bytes) -> None:
     msg = kind.encode()[:1] + payload
@@ -41,7 +48,7 @@ def _run_store(listener: socket.socket) -> None:
     """The rendezvous store lives in its own process, on a socket the caller bound first (no port race)."""
     from torch.distributed import TCPStore
 
-    _die_with_parent()
+    die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _store = TCPStore(  # noqa: F841 - kept alive by this reference until the process is killed
         "127.0.0.1", listener.getsockname()[1], None, True, timedelta(hours=1),
@@ -51,7 +58,7 @@ def _run_store(listener: socket.socket) -> None:
         time.sleep(3600)
 
 
-def _rank_main(fn, args, kwargs, rank: int, p: Plan, port: int, timeout: float,
+def _rank_main(fn, args, kwargs, rank: int, p: LaunchPlan, port: int, timeout: float,
                result_fd: int, out_fd: int, release_fd: int, mixed_precision: str) -> None:
     """Body of one forked rank. Never returns: it ends with os._exit."""
     # One thread, first thing: a forked child that computes with more than one OpenMP thread after
@@ -59,7 +66,7 @@ def _rank_main(fn, args, kwargs, rank: int, p: Plan, port: int, timeout: float,
     import torch
 
     torch.set_num_threads(p.threads_per_process)
-    _die_with_parent()
+    die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C / kernel interrupt is the caller's to handle
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # undo handlers inherited from the kernel (elastic's)
     os.dup2(out_fd, 1)
@@ -151,16 +158,14 @@ def launch(
     """
     if not callable(fn):
         raise ValueError(f"fn must be a callable (the function each rank runs), got {type(fn).__name__}")
-    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout <= 0:
-        raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
-    if mixed_precision not in ("no", "bf16", "fp16"):
-        raise ValueError(f"mixed_precision must be one of 'no', 'bf16', 'fp16', got {mixed_precision!r}")
-    p = plan(num_processes, device, threads_per_process)
-    import torch
-    import torch.distributed  # noqa: F401 - imported once here, inherited by every forked rank
+    positive_real("timeout", timeout)  # seconds
+    one_of("mixed_precision", mixed_precision, ("no", "bf16", "fp16"))
+    p = launch_plan(num_processes, device, threads_per_process)
     import accelerate.state  # noqa: F401 - importing it in each rank costs seconds on a busy machine
     import accelerate.utils  # noqa: F401
+    import torch
     import torch._dynamo  # noqa: F401 - DDP's and the optimizers' constructors import it: seconds per rank
+    import torch.distributed  # noqa: F401 - imported once here, inherited by every forked rank
 
     if p.device == "cuda" and torch.cuda.is_initialized():
         raise LaunchError("CUDA was already initialised in this process, and forked ranks cannot re-initialise it: "
@@ -204,7 +209,7 @@ def launch(
                     os.close(fd)
 
 
-def _collect(p: Plan, pids: list[int], pipes, timeout: float, show_output: bool) -> list[Any]:
+def _collect(p: LaunchPlan, pids: list[int], pipes, timeout: float, show_output: bool) -> list[Any]:
     """Read results and output until every rank reported, one failed, or the timeout passed."""
     n = p.num_processes
     res_fds = {pipes[r][0][0]: r for r in range(n)}

@@ -15,7 +15,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from m11_helpers.launch.base import LaunchError, LaunchTimeout, Plan, _die_with_parent, kill_tree, plan
+from m11_helpers.launch.base import LaunchError, LaunchPlan, LaunchTimeout, launch_plan
+from m11_helpers.procs import die_with_parent, kill_tree
+from m11_helpers.validate import one_of, positive_int, positive_real
 
 RESULTS_ENV = "M11_RESULTS_DIR"  # where `report()` writes when a script runs under `launch_script`
 
@@ -85,6 +87,9 @@ def launch_script(
 ) -> ScriptRun:
     """Run `script` with `accelerate launch` on `num_processes` processes, streaming `[rank k]` output live.
 
+    `script` is a path, or the name of a script that ships with the course ("train.py": see
+    `m11_helpers.resources.course_scripts()`).
+
     With `num_machines=M > 1`, M launchers start here, one per "node", each with `num_processes`
     ranks, meeting over TCP on 127.0.0.1 exactly as M machines of a cluster would (`--machine_rank`,
     `--main_process_ip`, `--main_process_port`): a real multi-node rendezvous on one computer.
@@ -92,16 +97,11 @@ def launch_script(
     `check=True` a non-zero exit raises `LaunchError` naming the failing rank; after `timeout`
     seconds every process is killed and `LaunchTimeout` is raised.
     """
-    path = Path(script)
-    if not path.is_file():
-        raise ValueError(f"script must be an existing file, got {str(script)!r}")
-    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout <= 0:
-        raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
-    if mixed_precision not in ("no", "bf16", "fp16"):
-        raise ValueError(f"mixed_precision must be one of 'no', 'bf16', 'fp16', got {mixed_precision!r}")
-    if isinstance(num_machines, bool) or not isinstance(num_machines, int) or num_machines < 1:
-        raise ValueError(f"num_machines must be an integer >= 1, got {num_machines!r}")
-    p = plan(num_processes * num_machines, device, threads_per_process)
+    path = _resolve(script)
+    positive_real("timeout", timeout)  # seconds
+    one_of("mixed_precision", mixed_precision, ("no", "bf16", "fp16"))
+    positive_int("num_machines", num_machines)
+    p = launch_plan(num_processes * num_machines, device, threads_per_process)
     if p.device == "cuda" and num_machines > 1:
         raise ValueError("num_machines > 1 simulates nodes on this computer with CPU processes: pass device='cpu'")
     str_args = [str(a) for a in args]
@@ -131,7 +131,7 @@ def launch_script(
         try:
             for argv in argvs:
                 proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=run_env,
-                                        start_new_session=True, preexec_fn=_die_with_parent)
+                                        start_new_session=True, preexec_fn=die_with_parent)
                 procs.append(proc)
                 readers.append(threading.Thread(target=_pump, args=(proc.stdout, lines, echo), daemon=True))
                 readers[-1].start()
@@ -161,6 +161,19 @@ def launch_script(
     if check and returncode != 0:
         raise LaunchError(_script_failure(path.name, returncode, out), _failed_ranks(out), out)
     return ScriptRun(returncode, results, out, argvs[0], seconds)
+
+
+def _resolve(script: str | os.PathLike) -> Path:
+    """A path to an existing file, else the name of a script that ships with the course."""
+    path = Path(script)
+    if path.is_file():
+        return path
+    from m11_helpers.resources import course_scripts, script_path
+
+    if path.name == str(script) and path.name in course_scripts():
+        return script_path(path.name)
+    raise ValueError(f"script must be an existing file or one of the course's scripts "
+                     f"({', '.join(course_scripts())}), got {str(script)!r}")
 
 
 def _free_port() -> int:
@@ -225,7 +238,7 @@ def _script_failure(name: str, code: int, out: str) -> str:
     return f"{name} failed (exit code {code}):\n" + "\n".join(out.strip().splitlines()[-15:])
 
 
-def _print_commands(path: Path, args: list[str], p: Plan, mixed_precision: str) -> None:
+def _print_commands(path: Path, args: list[str], p: LaunchPlan, mixed_precision: str) -> None:
     here = accelerate_command(path.name, *args, num_processes=p.num_processes, mixed_precision=mixed_precision)
     prefix = "ACCELERATE_USE_CPU=1 " if p.device == "cpu" else ""
     gpu = accelerate_command(path.name, *args, num_processes=8, mixed_precision="bf16")

@@ -1,6 +1,6 @@
 """Fetch the slide decks' front-end assets once, at set-up time, so `m11 slides` never needs a network.
 
-    .venv/bin/python -m m11_helpers.assets [--force]
+    .venv/bin/python -m m11_helpers.tools.assets [--force]
 
 Each npm package is fetched with `npm pack` (a tarball, no node_modules) and only the files a deck
 loads are kept: reveal.js (CSS, UMD bundle, themes with their local fonts, notes plugin), MathJax 3
@@ -52,6 +52,11 @@ def installed(cache: Path | None = None) -> bool:
         return False
 
 
+def assets_hint() -> str | None:
+    """None when the offline slide assets are installed, else the command that installs them."""
+    return None if installed() else f"missing: run `{sys.executable} -m m11_helpers.tools.assets` (into {assets_dir()})"
+
+
 def _npm() -> str:
     npm = shutil.which("npm")
     if npm is None:
@@ -59,7 +64,7 @@ def _npm() -> str:
             "npm was not found, and it is needed once to fetch reveal.js, MathJax and require.js "
             "for offline slides. Install Node.js (which brings npm): `sudo apt-get install -y npm` "
             "on Debian/Ubuntu, `brew install node` on macOS, or https://nodejs.org; then rerun "
-            "`.venv/bin/python -m m11_helpers.assets`."
+            "`.venv/bin/python -m m11_helpers.tools.assets`."
         )
     return npm
 
@@ -121,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     unknown = [a for a in argv if a != "--force"]
     if unknown:
-        print(f"usage: python -m m11_helpers.assets [--force]  (unknown: {' '.join(unknown)})",
+        print(f"usage: python -m m11_helpers.tools.assets [--force]  (unknown: {' '.join(unknown)})",
               file=sys.stderr)
         return 2
     was = installed()

@@ -1,13 +1,21 @@
-"""What will run where: the environment line every setup cell prints, and `m11 doctor`."""
+"""What every lesson's setup cell calls: `setup(seed)` seeds everything and prints where launches run.
+
+    from m11_helpers import setup
+    env = setup(seed=0)      # torch 2.13.0 · accelerate 1.15.0 · local · 2 CPU cores · no GPU → launch() runs …
+
+`environment()` is the same report as a dict; `m11 doctor` (m11_helpers.tools.doctor) prints it with
+what is missing.
+"""
 
 from __future__ import annotations
 
 import importlib.metadata
 import os
 import platform
-import shutil
 import sys
 from pathlib import Path
+
+__all__ = ["platform_name", "package_version", "environment", "setup_line", "setup"]
 
 
 def platform_name() -> str:
@@ -21,7 +29,8 @@ def platform_name() -> str:
     return "local"
 
 
-def _version(name: str) -> str | None:
+def package_version(name: str) -> str | None:
+    """The installed version of distribution `name`, or None when it is not installed."""
     try:
         return importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:
@@ -32,15 +41,15 @@ def environment() -> dict:
     """Versions, devices, and what `launch()` will use by default."""
     import torch
 
-    from m11_helpers.launch import plan
+    from m11_helpers.launch import launch_plan
 
     gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
-    default = plan(max(1, min(len(gpus), 8)) if gpus else 2)
+    default = launch_plan(max(1, min(len(gpus), 8)) if gpus else 2)
     return {
         "platform": platform_name(),
         "python": platform.python_version(),
         "torch": torch.__version__,
-        "accelerate": _version("accelerate"),
+        "accelerate": package_version("accelerate"),
         "cpu_cores": os.cpu_count(),
         "gpus": gpus,
         "backend": default.backend,
@@ -59,42 +68,8 @@ def setup_line(env: dict | None = None) -> str:
             f"on {env['device'].upper()} with {env['backend']}")
 
 
-def checks() -> list[tuple[str, bool, str]]:
-    """(what, ok, detail) for each thing the course uses; missing ones say how to get them."""
-    out = []
-    for pkg, why in [("torch", "everything"), ("accelerate", "launches"), ("jupyterlab", "the lessons"),
-                     ("ipywidgets", "labs and quizzes"), ("nbval", "tests and grading"),
-                     ("nbconvert", "slides"), ("matplotlib", "plots")]:
-        v = _version(pkg)
-        out.append((pkg, v is not None, v or f"missing (needed for {why}): pip install {pkg}"))
-    from m11_helpers import assets_hint
-
-    assets = assets_hint()
-    out.append(("slide assets (reveal.js, MathJax)", assets is None, assets or "installed"))
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    out.append(("chromium (browser tests only)", chromium is not None, chromium or "optional: apt-get install chromium"))
-    return out
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`m11 doctor`: print the environment report and what is missing."""
-    env = environment()
-    print("M11 doctor\n")
-    for key, value in env.items():
-        print(f"  {key:<20}{value}")
-    print(f"\n  {setup_line(env)}\n")
-    for what, ok, detail in checks():
-        print(f"  [{'ok' if ok else '--'}] {what}: {detail}")
-    if env["device"] == "cpu":
-        print("\n  No GPU per process: every technique still runs for real on CPU processes (gloo), one thread each.")
-    return 0
-
-
-REPO = "m11-course/training-at-scale"  # where the course is published; badges and the Colab install use it
-
-
 def setup(seed: int = 0, quiet: bool = False) -> dict:
-    """What every lesson's setup cell calls: seed everything, set plot defaults, print the environment line.
+    """Seed everything, set plot defaults, print the environment line; return `environment()`.
 
     With M11_STRICT=1 (set by `make test` and CI) deprecation warnings become errors, so a lesson
     that uses an outdated API fails its test instead of printing a warning a learner would copy.

@@ -28,9 +28,14 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from accelerate import Accelerator
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
-                                                     set_model_state_dict, set_optimizer_state_dict)
 
 from m11_helpers.capstone import checkpoint_blocks, local_bytes, track_activations
 from m11_helpers.data import tokens

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import nbformat
 
-from m11_helpers.paths import repo_root
+from m11_helpers.tools.paths import repo_root
 
 WARNINGS = ("DeprecationWarning", "FutureWarning")
 
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
             failed.append(path.name)
     print(f"  total {total:.1f} s for {len(paths)} notebooks")
     if not args.no_slides and not failed:
-        from m11_helpers.slides import main as slides_main
+        from m11_helpers.tools.slides import main as slides_main
 
         slides_main([str(out_dir / p.name) for p in paths])
     return 1 if failed else 0

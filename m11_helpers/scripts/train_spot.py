@@ -30,8 +30,16 @@ from accelerate import Accelerator, skip_first_batches
 from torch.utils.data import DataLoader, TensorDataset
 
 from m11_helpers.data import regression
-from m11_helpers.fault_tolerance import (PreemptionNotice, atomic_save, batch_indices, gather_rng_states,
-                                         latest_checkpoint, load_checkpoint, set_rng_state, state_checksum)
+from m11_helpers.fault_tolerance import (
+    PreemptionNotice,
+    atomic_save,
+    batch_indices,
+    gather_rng_states,
+    latest_checkpoint,
+    load_checkpoint,
+    set_rng_state,
+    state_checksum,
+)
 from m11_helpers.launch import report
 from m11_helpers.models import mlp
 
@@ -181,7 +189,7 @@ report(losses=losses, start=start, preempted_at=preempted_at, resumed_from=resum
        world=world, done=preempted_at is None)
 if acc.is_main_process and preempted_at is None:
     print(f"finished {args.steps} steps: final loss {losses[-1]:.4f}, weights {final}")
-del model, opt
+model = opt = None  # drop DDP before the interpreter exits (docs/cpu-distributed-facts.md)
 gc.collect()  # a live DDP model at interpreter exit aborts the process now and then
 if dist.is_initialized():
     dist.destroy_process_group()

@@ -18,7 +18,6 @@ Lesson 08.
 from __future__ import annotations
 
 import math
-import time
 
 import torch
 import torch.nn.functional as F
@@ -26,7 +25,9 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from m11_helpers.config import TransformerConfig
-from m11_helpers.memory import saved_activation_bytes, track_saved_tensors
+from m11_helpers.memory import saved_activation_bytes
+from m11_helpers.timing import time_it
+from m11_helpers.validate import one_of, positive_int, positive_real
 
 __all__ = ["POLICIES", "activation_bytes_per_layer", "model_activation_bytes", "sqrt_segments", "segment_bounds",
            "chen_memory", "gpt_forward", "peak_activation_bytes", "measure_policies", "choose_policy"]
@@ -53,10 +54,8 @@ def activation_bytes_per_layer(seq_len: int, batch: int, hidden: int, heads: int
     """
     for name, v in (("seq_len", seq_len), ("batch", batch), ("hidden", hidden), ("heads", heads),
                     ("bytes_per_value", bytes_per_value)):
-        if not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be a positive integer, got {v!r}")
-    if recompute not in RECOMPUTE:
-        raise ValueError(f"recompute must be one of {RECOMPUTE}, got {recompute!r}")
+        positive_int(name, v)
+    one_of("recompute", recompute, RECOMPUTE)
     ffn = 4 * hidden if ffn_hidden is None else ffn_hidden
     s, b, h, a, p = seq_len, batch, hidden, heads, bytes_per_value
     if recompute == "full":
@@ -83,14 +82,13 @@ def model_activation_bytes(cfg: TransformerConfig, batch: int, seq_len: int | No
 
 def sqrt_segments(layers: int) -> int:
     """round(√L), at least 1: Chen et al. 2016's segment count (§3, memory O(√L))."""
-    if not isinstance(layers, int) or layers < 1:
-        raise ValueError(f"layers must be a positive integer, got {layers!r}")
+    positive_int("layers", layers)
     return max(1, round(math.sqrt(layers)))
 
 
 def segment_bounds(layers: int, segments: int) -> list[tuple[int, int]]:
     """Split range(layers) into `segments` contiguous runs, sizes differing by at most one."""
-    if not isinstance(segments, int) or not 1 <= segments <= layers:
+    if positive_int("segments", segments) > layers:
         raise ValueError(f"segments must be an integer in 1..{layers}, got {segments!r}")
     q, r = divmod(layers, segments)
     out, start = [], 0
@@ -141,8 +139,7 @@ def _run_blocks(blocks, x: torch.Tensor) -> torch.Tensor:
 def gpt_forward(model: nn.Module, idx: torch.Tensor, targets: torch.Tensor | None = None, *,
                 policy: str = "none", segments: int | None = None):
     """TinyGPT's forward (same numbers as `model(idx, targets)`) with a checkpointing policy applied."""
-    if policy not in POLICIES:
-        raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+    one_of("policy", policy, POLICIES)
     blocks = list(model.blocks)
     B, T = idx.shape
     x = model.wte(idx) + model.wpe(torch.arange(T, device=idx.device))  # (B, T, C)
@@ -193,32 +190,23 @@ def peak_activation_bytes(model: nn.Module, idx: torch.Tensor, targets: torch.Te
             "peak": retained + recompute}
 
 
-def _step_seconds(model, idx, targets, policy, segments, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        gpt_forward(model, idx, targets, policy=policy, segments=segments).backward()
-        times.append(time.perf_counter() - t0)
-    model.zero_grad(set_to_none=True)
-    return sorted(times)[len(times) // 2]  # median: robust to a busy neighbour on a shared machine
-
-
 def measure_policies(model: nn.Module, idx: torch.Tensor, targets: torch.Tensor, policies=None,
                      repeats: int = 5) -> list[dict]:
-    """peak_activation_bytes + median forward+backward seconds for each (policy, segments) pair."""
+    """peak_activation_bytes + forward+backward seconds (median of `repeats`, after one warm-up) for each
+    (policy, segments) pair."""
     policies = policies or [("none", None), ("blocks", None), ("sqrt", None), ("attention", None)]
     out = []
     for policy, segments in policies:
         row = peak_activation_bytes(model, idx, targets, policy=policy, segments=segments)
-        _step_seconds(model, idx, targets, policy, segments, 1)  # warm-up
-        row["seconds"] = _step_seconds(model, idx, targets, policy, segments, repeats)
+        step = lambda: gpt_forward(model, idx, targets, policy=policy, segments=segments).backward()
+        row["seconds"] = time_it(step, repeats=repeats, warmup=1).median
+        model.zero_grad(set_to_none=True)
         out.append(row)
     return out
 
 
 def choose_policy(rows: list[dict], budget_bytes: float) -> dict | None:
     """The fastest row whose peak fits the budget (ties: less memory); None when nothing fits."""
-    if budget_bytes <= 0:
-        raise ValueError(f"budget_bytes must be > 0, got {budget_bytes}")
+    positive_real("budget_bytes", budget_bytes)
     fits = [r for r in rows if r["peak"] <= budget_bytes]
     return min(fits, key=lambda r: (r.get("seconds", 0.0), r["peak"])) if fits else None

@@ -6,8 +6,16 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from m11_helpers.checkpointing import (activation_bytes_per_layer, chen_memory, choose_policy, gpt_forward,
-                                       model_activation_bytes, peak_activation_bytes, segment_bounds, sqrt_segments)
+from m11_helpers.activation_checkpointing import (
+    activation_bytes_per_layer,
+    chen_memory,
+    choose_policy,
+    gpt_forward,
+    model_activation_bytes,
+    peak_activation_bytes,
+    segment_bounds,
+    sqrt_segments,
+)
 from m11_helpers.config import GPT3_175B, TINY_GPT
 from m11_helpers.data import tokens
 from m11_helpers.models import tiny_gpt

@@ -8,10 +8,22 @@ import torch.nn.functional as F
 
 from m11_helpers.config import RUNNING_EXAMPLE, param_count
 from m11_helpers.data import regression, tokens
+from m11_helpers.mixed_precision import (
+    DynamicLossScaler,
+    activation_grads,
+    autocast_dtype_table,
+    autocast_op_table,
+    bits,
+    bytes_per_param,
+    cast_fractions,
+    finfo_table,
+    format_limits,
+    round_trip,
+    saved_activation_bytes,
+    training_memory_gb,
+    update_scale,
+)
 from m11_helpers.models import mlp, tiny_gpt
-from m11_helpers.precision import (DynamicLossScaler, activation_grads, autocast_dtype_table, autocast_op_table,
-                                   bits, bytes_per_param, cast_fractions, finfo_table, format_limits, round_trip,
-                                   saved_activation_bytes, training_memory_gb, update_scale)
 
 
 @pytest.fixture(autouse=True)

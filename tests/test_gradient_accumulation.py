@@ -1,14 +1,20 @@
-"""accumulation.py: the same update as the big batch; DDP no_sync and accelerate.accumulate on real processes."""
+"""gradient_accumulation.py: the same update as the big batch; DDP no_sync and accelerate.accumulate on real processes."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch.testing import assert_close
 
-from m11_helpers.accumulation import (accelerate_accumulation_run, accumulation_steps_for, accumulation_windows,
-                                      ddp_accumulation_run, global_batch, token_weighted_losses,
-                                      train_with_accumulation)
 from m11_helpers.data import regression
+from m11_helpers.gradient_accumulation import (
+    accelerate_accumulation_run,
+    accumulation_steps_for,
+    accumulation_windows,
+    ddp_accumulation_run,
+    global_batch,
+    token_weighted_losses,
+    train_with_accumulation,
+)
 from m11_helpers.launch import launch
 from m11_helpers.models import mlp
 

@@ -4,7 +4,7 @@
 
 Cells' `metadata.slideshow.slide_type` (slide, subslide, fragment, -, skip, notes) shape the deck;
 `notes` cells become speaker notes (press `s`). Every asset is a relative link into
-`<out>/_assets/`, copied from the cache that `python -m m11_helpers.assets` fills at set-up, so the
+`<out>/_assets/`, copied from the cache that `python -m m11_helpers.tools.assets` fills at set-up, so the
 folder can be zipped and opened from disk with no network.
 """
 
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import nbformat
 
-from m11_helpers.assets import assets_dir, installed
-from m11_helpers.paths import repo_root
+from m11_helpers.tools.assets import assets_dir, installed
+from m11_helpers.tools.paths import repo_root
 
 TEMPLATES = Path(__file__).parent / "templates"
 ASSETS = "_assets"  # folder next to the decks; all decks share it
@@ -51,7 +51,7 @@ def install_assets(out_dir: Path) -> Path:
     cache = assets_dir()
     if not installed(cache):
         raise FileNotFoundError(
-            f"slide assets are missing from {cache}: run `.venv/bin/python -m m11_helpers.assets` "
+            f"slide assets are missing from {cache}: run `.venv/bin/python -m m11_helpers.tools.assets` "
             "once (it needs npm and a network; the decks then need neither), or set M11_ASSETS "
             "to a folder that holds them"
         )

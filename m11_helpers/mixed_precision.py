@@ -14,11 +14,12 @@ Rajbhandari et al. 2020, "ZeRO", §3.1 (the 16 bytes per parameter of mixed-prec
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Iterable
 
 import torch
 from torch import nn
+
+from m11_helpers.validate import one_of, positive_int, positive_real
 
 # name -> (torch dtype, exponent bits, mantissa bits); fp8 e4m3 is the "fn" variant (no inf).
 FORMATS: dict[str, tuple[torch.dtype, int, int]] = {
@@ -42,8 +43,7 @@ def format_limits(exp_bits: int, man_bits: int) -> dict[str, float]:
     """IEEE-style binary format: max=(2-2⁻ᵐ)·2^bias, min normal=2^(1-bias), min subnormal=2^(1-bias-m), ε=2⁻ᵐ (IEEE 754 §3.3)."""
     if not isinstance(exp_bits, int) or exp_bits < 2:
         raise ValueError(f"exp_bits must be an integer >= 2, got {exp_bits!r}")
-    if not isinstance(man_bits, int) or man_bits < 1:
-        raise ValueError(f"man_bits must be an integer >= 1, got {man_bits!r}")
+    positive_int("man_bits", man_bits)
     bias = 2 ** (exp_bits - 1) - 1  # the all-ones exponent is reserved for inf/NaN
     return {"max": (2 - 2.0**-man_bits) * 2.0**bias, "min_normal": 2.0 ** (1 - bias),
             "min_subnormal": 2.0 ** (1 - bias - man_bits), "eps": 2.0**-man_bits}
@@ -80,8 +80,7 @@ def round_trip(x: float, dtype: torch.dtype) -> dict[str, float]:
 def cast_fractions(values: torch.Tensor, dtype: torch.dtype = torch.float16, scale: float = 1.0) -> dict[str, float]:
     """Of the nonzero finite entries of `values`·scale cast to `dtype`: fractions that flush to 0, land subnormal, overflow."""
     _fmt(dtype)
-    if not scale > 0 or not math.isfinite(scale):
-        raise ValueError(f"scale must be a positive finite number, got {scale!r}")
+    positive_real("scale", scale)
     v = values.detach().flatten().double()
     v = v[(v != 0) & torch.isfinite(v)] * scale  # scaling in float64 is exact: a power of two
     if v.numel() == 0:
@@ -117,8 +116,7 @@ def activation_grads(model: nn.Module, *inputs, module_type: type = nn.Linear) -
 def update_scale(scale: float, growth_tracker: int, found_inf: bool, growth_factor: float = 2.0,
                  backoff_factor: float = 0.5, growth_interval: int = 2000) -> tuple[float, int]:
     """Overflow: scale·backoff, tracker 0. Else tracker+1, and after `growth_interval` clean steps: scale·growth, tracker 0."""
-    if growth_interval < 1:
-        raise ValueError(f"growth_interval must be >= 1, got {growth_interval}")
+    positive_int("growth_interval", growth_interval)
     if not (growth_factor > 1 and 0 < backoff_factor < 1):
         raise ValueError(f"need growth_factor > 1 and 0 < backoff_factor < 1, got {growth_factor}, {backoff_factor}")
     if found_inf:
@@ -135,8 +133,7 @@ class DynamicLossScaler:
 
     def __init__(self, init_scale: float = 2.0**16, growth_factor: float = 2.0, backoff_factor: float = 0.5,
                  growth_interval: int = 2000):
-        if not init_scale > 0:
-            raise ValueError(f"init_scale must be > 0, got {init_scale}")
+        positive_real("init_scale", init_scale)
         update_scale(init_scale, 0, False, growth_factor, backoff_factor, growth_interval)  # validates
         self.scale_value, self.growth_tracker = float(init_scale), 0
         self.growth_factor, self.backoff_factor, self.growth_interval = growth_factor, backoff_factor, growth_interval
@@ -259,8 +256,7 @@ SETUPS: dict[str, dict[str, int]] = {
 
 def bytes_per_param(setup: str = "mixed (16-bit + fp32 master)") -> dict[str, int]:
     """Mixed-precision Adam: 2P weights + 2P grads + 4P master + 8P (m, v) = 16P bytes (ZeRO §3.1: 2Ψ+2Ψ+12Ψ)."""
-    if setup not in SETUPS:
-        raise ValueError(f"setup must be one of {list(SETUPS)}, got {setup!r}")
+    one_of("setup", setup, SETUPS)
     parts = dict(SETUPS[setup])
     parts["total"] = sum(parts.values())
     return parts
@@ -268,8 +264,7 @@ def bytes_per_param(setup: str = "mixed (16-bit + fp32 master)") -> dict[str, in
 
 def training_memory_gb(n_params: int, setup: str = "mixed (16-bit + fp32 master)") -> dict[str, float]:
     """Bytes per parameter × P, in GB (1e9 bytes), per part: weights, grads, master, optimizer, total."""
-    if n_params < 1:
-        raise ValueError(f"n_params must be >= 1, got {n_params}")
+    positive_real("n_params", n_params)
     return {k: v * n_params / 1e9 for k, v in bytes_per_param(setup).items()}
 
 

@@ -21,20 +21,17 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from m11_helpers.validate import positive_int
+
 __all__ = ["global_batch", "accumulation_steps_for", "accumulation_windows", "train_with_accumulation",
            "token_weighted_losses", "count_allreduces", "ddp_accumulation_run", "accelerate_accumulation_run"]
-
-
-def _positive(name: str, v) -> None:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise ValueError(f"{name} must be a positive integer, got {v!r}")
 
 
 def global_batch(micro_batch: int, accumulation_steps: int, world_size: int = 1) -> int:
     """B_global = b_micro × K × N (e.g. Goyal et al. 2017: 32 per GPU × 256 GPUs = 8192)."""
     for name, v in (("micro_batch", micro_batch), ("accumulation_steps", accumulation_steps),
                     ("world_size", world_size)):
-        _positive(name, v)
+        positive_int(name, v)
     return micro_batch * accumulation_steps * world_size
 
 
@@ -42,7 +39,7 @@ def accumulation_steps_for(target_global_batch: int, micro_batch: int, world_siz
     """K = B_global / (b_micro × N), which must divide exactly (else the batch is not the published one)."""
     for name, v in (("target_global_batch", target_global_batch), ("micro_batch", micro_batch),
                     ("world_size", world_size)):
-        _positive(name, v)
+        positive_int(name, v)
     per_step = micro_batch * world_size
     if target_global_batch % per_step:
         raise ValueError(f"target_global_batch={target_global_batch} is not a multiple of micro_batch × world_size "
@@ -52,8 +49,8 @@ def accumulation_steps_for(target_global_batch: int, micro_batch: int, world_siz
 
 def accumulation_windows(num_batches: int, accumulation_steps: int) -> list[int]:
     """Sizes of the optimizer-step windows: [K, K, …, r] with a last, short window r = n mod K when r > 0."""
-    _positive("num_batches", num_batches)
-    _positive("accumulation_steps", accumulation_steps)
+    positive_int("num_batches", num_batches)
+    positive_int("accumulation_steps", accumulation_steps)
     full, rest = divmod(num_batches, accumulation_steps)
     return [accumulation_steps] * full + ([rest] if rest else [])
 
@@ -134,12 +131,12 @@ def ddp_accumulation_run(accumulation_steps: int, steps: int = 2, micro_batch: i
 
     from m11_helpers.models import mlp
 
-    _positive("accumulation_steps", accumulation_steps)
+    positive_int("accumulation_steps", accumulation_steps)
     model = DDP(mlp(seed=seed), bucket_cap_mb=1000)  # one bucket: one all-reduce per synchronised backward
     counter = count_allreduces(model)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     batches = _rank_batches(steps, accumulation_steps, micro_batch, seed)
-    comm_s, t0 = 0.0, time.perf_counter()
+    t0 = time.perf_counter()
     for step in range(steps):
         for k in range(accumulation_steps):
             x, y = batches[step * accumulation_steps + k]
@@ -151,7 +148,7 @@ def ddp_accumulation_run(accumulation_steps: int, steps: int = 2, micro_batch: i
         opt.zero_grad(set_to_none=True)
     seconds = time.perf_counter() - t0
     params = [p.detach().clone() for p in model.module.parameters()]
-    del model  # a live DDP model at interpreter exit can abort the process (CPU-DISTRIBUTED-FACTS)
+    del model  # a live DDP model at interpreter exit can abort the process (docs/cpu-distributed-facts.md)
     return {"allreduces": counter[0], "params": params, "seconds": seconds}
 
 

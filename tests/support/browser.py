@@ -28,6 +28,8 @@ from pathlib import Path
 
 import websocket  # websocket-client, a dependency of jupyter_server
 
+from m11_helpers.procs import stop
+
 CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 # every host name fails to resolve except the loopback ones: a deck that needs a CDN breaks visibly
 OFFLINE_RULES = "MAP * ~NOTFOUND, EXCLUDE localhost, EXCLUDE 127.0.0.1"
@@ -113,13 +115,8 @@ class Chromium:
     def __exit__(self, *exc) -> None:
         if self.ws is not None:
             self.ws.close()
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc is not None:
+            stop(self.proc, grace=10)
         shutil.rmtree(self.profile, ignore_errors=True)
 
     # -- protocol -------------------------------------------------------------------------------
@@ -257,11 +254,6 @@ class JupyterLab:
         return self
 
     def __exit__(self, *exc) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()  # the server shuts its kernels down on SIGTERM
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc is not None:
+            stop(self.proc, grace=20)  # the server shuts its kernels down on SIGTERM
         shutil.rmtree(self.home, ignore_errors=True)

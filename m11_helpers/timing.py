@@ -1,0 +1,70 @@
+"""Timing, the one way: warm up, repeat, report the median (and the spread) of wall-clock seconds.
+
+    t = time_it(lambda: model(x).sum().backward(), repeats=5)
+    t.median, t.min, t.samples          # seconds
+    f"{t}"                              # '12.3 ms (median of 5, min 11.9 ms)'
+
+Why the median: on a shared machine a few repeats are slowed by other processes; the median ignores
+them, where the mean does not, and unlike the minimum it is not one lucky run. Benchmarks print
+ratios of medians measured side by side in one run (CONTRIBUTING: performance is never asserted in
+tests). On a GPU, pass `sync=torch.cuda.synchronize` so the clock stops when the kernels do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from typing import Any, Callable
+
+from m11_helpers.validate import non_negative_int, positive_int
+
+__all__ = ["Timing", "time_it", "format_seconds"]
+
+
+def format_seconds(s: float) -> str:
+    """0.0123 -> '12.3 ms'."""
+    if s >= 1:
+        return f"{s:.2f} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.1f} ms"
+    return f"{s * 1e6:.0f} µs"
+
+
+@dataclasses.dataclass(frozen=True)
+class Timing:
+    """Wall-clock seconds of each repeat (warm-up runs excluded)."""
+
+    samples: tuple[float, ...]
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.samples)
+
+    @property
+    def min(self) -> float:
+        return min(self.samples)
+
+    def __str__(self) -> str:
+        return f"{format_seconds(self.median)} (median of {len(self.samples)}, min {format_seconds(self.min)})"
+
+
+def time_it(fn: Callable[[], Any], *, repeats: int = 5, warmup: int = 1,
+            sync: Callable[[], Any] | None = None) -> Timing:
+    """Call `fn()` `warmup` times untimed, then `repeats` times timed; `sync()` before each clock read."""
+    positive_int("repeats", repeats)
+    non_negative_int("warmup", warmup)
+    if not callable(fn):
+        raise ValueError(f"fn must be callable, got {type(fn).__name__}")
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeats):
+        if sync:
+            sync()
+        t0 = time.perf_counter()
+        fn()
+        if sync:
+            sync()
+        samples.append(time.perf_counter() - t0)
+    return Timing(tuple(samples))

@@ -1,0 +1,66 @@
+"""The `m11` command: every subcommand parses its arguments, usage errors exit 2, no traceback for a mistake."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from m11_helpers import __version__
+from m11_helpers.tools.cli import COMMANDS, main
+from m11_helpers.tools.setup_cell import install_spec, setup_cell_source
+
+
+def m11(*args: str, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "m11_helpers.tools.cli", *args], capture_output=True, text=True,
+                          cwd=cwd, timeout=120)
+
+
+def test_version_and_help(capsys):
+    assert main(["--version"]) == 0 and capsys.readouterr().out.strip() == f"m11 {__version__}"
+    assert main(["--help"]) == 0
+    usage = capsys.readouterr().out
+    assert all(name in usage for name in COMMANDS)
+    assert main([]) == 2
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_every_subcommand_refuses_an_unknown_flag_with_exit_2(command):
+    out = m11(command, "--bogus-flag")
+    assert out.returncode == 2, (command, out.stdout, out.stderr)
+    assert "Traceback" not in out.stderr, out.stderr
+
+
+def test_unknown_command_exits_2():
+    out = m11("frobnicate")
+    assert out.returncode == 2 and "unknown command" in out.stderr
+
+
+def test_script_prints_a_packaged_path():
+    out = m11("script", "train.py")
+    assert out.returncode == 0 and out.stdout.strip().endswith("scripts/train.py")
+    assert m11("script", "missing.py").returncode == 2
+
+
+def test_setup_cell_installs_this_release():
+    assert install_spec().endswith(f"@v{__version__}")
+    assert "from m11_helpers import setup" in setup_cell_source()
+
+
+def test_tool_modules(tmp_path):
+    import nbformat
+
+    from m11_helpers.tools.course import deprecations
+    from m11_helpers.tools.doctor import checks
+    from m11_helpers.tools.paths import repo_root
+    from m11_helpers.tools.scripts import main as script_main
+
+    assert (repo_root(tmp_path.parent) if (tmp_path.parent / "pyproject.toml").exists() else None) is None
+    with pytest.raises(ValueError, match="no pyproject.toml"):
+        repo_root(tmp_path)
+    assert {what for what, _, _ in checks()} >= {"torch", "accelerate", "matplotlib"}
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x")])
+    nb.cells[0].outputs = [nbformat.v4.new_output("stream", text="FutureWarning: old API\n")]
+    assert deprecations(nb) == ["cell 0: FutureWarning: old API"]
+    assert script_main([]) == 0

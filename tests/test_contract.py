@@ -1,0 +1,181 @@
+"""The architecture, enforced: every module in the lesson table, tested, in its layer, small, no import circle."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PKG = ROOT / "m11_helpers"
+MAX_LINES = 300
+LONG_OK = {"launch.fork"}
+OUTSIDE = ("../" + "shared", "CPU-DISTRIBUTED" + "-FACTS", "LESSON-" + "CHECKLIST")  # split: this file is checked too  # the launcher's fork core: one state machine, see its docstring
+
+
+def lesson_table() -> dict[str, tuple[list[str], list[str]]]:
+    """CONTRIBUTING.md's lesson table: row -> (modules, test files)."""
+    text = (ROOT / "CONTRIBUTING.md").read_text(encoding="utf-8")
+    body = text.split("<!-- lesson-table:start -->")[1].split("<!-- lesson-table:end -->")[0]
+    rows = {}
+    for line in body.strip().splitlines()[2:]:
+        name, modules, tests = (c.strip() for c in line.strip().strip("|").split("|"))
+        rows[name] = (re.findall(r"`([\w.]+)`", modules), re.findall(r"`([\w.]+)`", tests))
+    return rows
+
+
+def modules() -> dict[str, Path]:
+    """Every importable module of the package, by dotted name relative to m11_helpers (scripts excluded)."""
+    out = {}
+    for path in sorted(PKG.rglob("*.py")):
+        rel = path.relative_to(PKG).with_suffix("")
+        if rel.parts[0] in ("scripts",) or "templates" in rel.parts or rel.name == "__init__" and len(rel.parts) == 1:
+            continue
+        if rel.parts[0] == "quizzes" and rel.name != "__init__":
+            continue  # question data, loaded by name; tests/test_quizzes.py checks every lesson's
+        parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+        out[".".join(parts)] = path
+    return out
+
+
+def owner(module: str, rows: dict) -> list[str]:
+    top = module.split(".")[0]
+    return [name for name, (mods, _) in rows.items() if top in mods]
+
+
+def imports_of(path: Path) -> set[str]:
+    """m11_helpers modules `path` imports (relative names), at any depth in the file."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        found |= {n.removeprefix("m11_helpers.") for n in names if n.startswith("m11_helpers.")}
+    return found
+
+
+def test_every_module_is_in_exactly_one_row_of_the_lesson_table():
+    rows = lesson_table()
+    problems = [f"{m}: in rows {owner(m, rows)}" for m in modules() if len(owner(m, rows)) != 1]
+    listed = {m for mods, _ in rows.values() for m in mods}
+    ghosts = [m for m in listed if not (PKG / f"{m}.py").exists() and not (PKG / m).is_dir()]
+    assert not problems, "add each module to one row of CONTRIBUTING.md's lesson table: " + "; ".join(problems)
+    assert not ghosts, f"the lesson table names modules that do not exist: {ghosts}"
+
+
+def test_every_lesson_has_a_row_and_every_row_its_test_files():
+    rows = lesson_table()
+    lessons = sorted(p.stem for p in (ROOT / "course").glob("[0-9][0-9]_*.ipynb"))
+    assert [r for r in rows if r[:2].isdigit()] == lessons
+    for name, (_, tests) in rows.items():
+        for t in tests:
+            assert (ROOT / "tests" / t).is_file(), f"{name}: tests/{t} does not exist"
+
+
+def test_every_module_is_imported_by_a_test():
+    rows = lesson_table()
+    tested = set()
+    for _, (_, tests) in rows.items():
+        for t in tests:
+            tested |= imports_of(ROOT / "tests" / t)
+    for t in (ROOT / "tests").rglob("test_*.py"):
+        tested |= imports_of(t)
+    mods = modules()
+    for _ in range(3):  # importing a package imports what its __init__ imports
+        tested |= {i for m in list(tested) if m in mods and mods[m].name == "__init__.py" for i in imports_of(mods[m])}
+    untested = [m for m in mods if not any(x == m or x.startswith(m + ".") for x in tested)]
+    assert not untested, f"no test imports these modules: {untested}"
+
+
+def test_layers_kit_does_not_import_lessons_and_only_tools_import_tools():
+    rows = lesson_table()
+    kit = set(rows["kit"][0])
+    lesson_mods = {m: name for name, (mods, _) in rows.items() if name[:2].isdigit() for m in mods}
+    bad = []
+    for mod, path in modules().items():
+        top = mod.split(".")[0]
+        for imp in imports_of(path):
+            itop = imp.split(".")[0]
+            if top in kit and itop in lesson_mods:
+                bad.append(f"kit module {mod} imports lesson module {imp}")
+            if itop == "tools" and top not in ("tools", "grading"):
+                bad.append(f"{mod} imports the tooling module {imp}")
+            if top in lesson_mods and itop in lesson_mods and lesson_mods[itop] > lesson_mods[top]:
+                bad.append(f"{mod} (lesson {lesson_mods[top]}) imports a later lesson's module {imp}")
+    assert not bad, "\n".join(bad)
+
+
+def test_no_import_circle():
+    mods = modules()
+    graph = {m: {i for i in imports_of(p) if i in mods or i.rsplit(".", 1)[0] in mods} for m, p in mods.items()}
+    graph = {m: {i if i in mods else i.rsplit(".", 1)[0] for i in deps} - {m} for m, deps in graph.items()}
+    # a package's __init__ re-exporting its own submodules is not a circle
+    graph = {m: {d for d in deps if not d.startswith(m + ".")} for m, deps in graph.items()}
+    state: dict[str, int] = {}
+
+    def visit(m: str, path: list[str]) -> list[str] | None:
+        state[m] = 1
+        for d in sorted(graph.get(m, ())):
+            if state.get(d) == 1:
+                return path + [m, d]
+            if d not in state and (cycle := visit(d, path + [m])):
+                return cycle
+        state[m] = 2
+        return None
+
+    for m in sorted(graph):
+        if m not in state:
+            cycle = visit(m, [])
+            assert cycle is None, "import circle: " + " -> ".join(cycle[cycle.index(cycle[-1]):])
+
+
+@pytest.mark.parametrize("mod", sorted(modules()))
+def test_module_is_short(mod):
+    n = len(modules()[mod].read_text(encoding="utf-8").splitlines())
+    if mod in LONG_OK:
+        assert "one exception" in modules()[mod].read_text(encoding="utf-8")[:3000], "say why in the docstring"
+        return
+    assert n <= MAX_LINES, f"{mod} has {n} lines (> {MAX_LINES}): split it into modules with one idea each"
+
+
+def test_nothing_refers_outside_the_repository():
+    bad = []
+    for path in ROOT.rglob("*"):
+        if any(part in (".git", ".venv", "build", "node_modules", "__pycache__") for part in path.parts) \
+                or not path.is_file() or path.suffix not in (".py", ".md", ".ipynb", ".toml", ".yml", ".yaml", ""):
+            continue
+        text = path.read_text(encoding="utf-8", errors="replace")
+        if any(marker in text for marker in OUTSIDE):
+            bad.append(str(path.relative_to(ROOT)))
+    assert not bad, f"these files refer to files outside the repository: {bad}"
+
+
+# Files whose `isinstance(x, bool)` is not an argument check, and why (anything else goes through validate).
+BOOL_TESTS_OK = {
+    "display.py": "formats table cells: a bool is shown as True/False and is not a numeric column",
+    "grading/exercises.py": "reports bad notebook metadata (points) in a list of problems; it raises nothing",
+}
+HAND_CHECK = re.compile(r"^(_positive\w*|_check_pos\w*|_check_n)$")
+
+
+def test_argument_checks_go_through_validate():
+    """Issue 17, one way to do each thing: argument checks are m11_helpers.validate's, not hand-written ones."""
+    bad = []
+    for path in sorted(PKG.rglob("*.py")):
+        rel = path.relative_to(PKG).as_posix()
+        if rel == "validate.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and HAND_CHECK.match(node.name):
+                bad.append(f"{rel}:{node.lineno}: defines {node.name}()")
+            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance"
+                  and len(node.args) == 2 and rel not in BOOL_TESTS_OK):
+                kinds = node.args[1].elts if isinstance(node.args[1], ast.Tuple) else [node.args[1]]
+                if any(isinstance(k, ast.Name) and k.id == "bool" for k in kinds):
+                    bad.append(f"{rel}:{node.lineno}: {ast.unparse(node)}")
+    assert not bad, ("check arguments with m11_helpers.validate (positive_int, positive_real, fraction, one_of, …) "
+                     "instead of by hand:\n" + "\n".join(bad))

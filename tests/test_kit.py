@@ -1,0 +1,119 @@
+"""The kit every lesson uses: validation, timing, process cleanup, display, packaged resources, the setup line."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from m11_helpers import REPO, __version__, setup
+from m11_helpers.display import Table, show_table
+from m11_helpers.environment import environment, setup_line
+from m11_helpers.procs import die_with_parent, kill_descendants, kill_tree, stop, subreaper
+from m11_helpers.resources import course_scripts, script_path
+from m11_helpers.timing import Timing, format_seconds, time_it
+from m11_helpers.validate import fraction, non_negative_int, non_negative_real, one_of, positive_int, positive_real
+
+
+@pytest.mark.parametrize("check, good, bad", [
+    (positive_int, [1, 7], [0, -1, 1.0, True, "2", None]),
+    (non_negative_int, [0, 3], [-1, 0.5, False]),
+    (positive_real, [1e-9, 2, 3.5], [0, -1, math.nan, math.inf, True, "1"]),
+    (non_negative_real, [0, 0.0, 2.5], [-1e-9, math.nan, -math.inf]),
+    (fraction, [0.5, 1], [0, 1.01, math.nan]),
+])
+def test_validators_accept_good_values_and_name_the_parameter_for_bad_ones(check, good, bad):
+    for v in good:
+        assert check("x", v) == v
+    for v in bad:
+        with pytest.raises(ValueError, match=r"^x must be"):
+            check("x", v)
+
+
+def test_one_of_lists_the_allowed_values():
+    assert one_of("parallel", "ddp", ("ddp", "fsdp2")) == "ddp"
+    with pytest.raises(ValueError, match="parallel must be one of 'ddp', 'fsdp2', got 'zero'"):
+        one_of("parallel", "zero", ("ddp", "fsdp2"))
+
+
+def test_time_it_warms_up_repeats_and_reports_the_median():
+    calls = []
+    t = time_it(lambda: calls.append(1), repeats=4, warmup=2)
+    assert len(calls) == 6 and len(t.samples) == 4
+    assert Timing((3.0, 1.0, 2.0)).median == 2.0 and Timing((3.0, 1.0, 2.0)).min == 1.0
+    assert "median of 3" in str(Timing((3.0, 1.0, 2.0)))
+    assert format_seconds(0.0123) == "12.3 ms" and format_seconds(2) == "2.00 s"
+    with pytest.raises(ValueError, match="repeats"):
+        time_it(lambda: None, repeats=0)
+
+
+def _sleeper_tree() -> subprocess.Popen:
+    # a child that starts a grandchild: both must go
+    code = "import subprocess, time; subprocess.Popen(['sleep', '60']); time.sleep(60)"
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    deadline = time.monotonic() + 10
+    while not psutil.Process(proc.pid).children() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return proc
+
+
+def test_kill_tree_and_stop_leave_nothing_behind():
+    for end in (lambda p: kill_tree([p.pid]), lambda p: stop(p, grace=0.5)):
+        proc = _sleeper_tree()
+        tree = [proc.pid] + [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+        end(proc)
+        assert proc.poll() is not None
+        assert not [pid for pid in tree if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG and subreapers are Linux")
+def test_die_with_parent_and_subreaper_catch_orphans():
+    # parent forks a child that asks to die with it, then the parent is SIGKILLed
+    code = ("import os, sys, time\nfrom m11_helpers.procs import die_with_parent\n"
+            "if os.fork() == 0:\n    die_with_parent()\n    print(os.getpid(), flush=True)\n    time.sleep(60)\n"
+            "    os._exit(0)\ntime.sleep(60)\n")  # the child reports only once it asked to die with its parent
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 5
+    while psutil.pid_exists(child) and psutil.Process(child).status() != "zombie" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not psutil.pid_exists(child) or psutil.Process(child).status() == "zombie"
+    # a double-forked daemon re-parents to a subreaper, where kill_descendants finds it
+    with subreaper():
+        subprocess.run([sys.executable, "-c", "import os, time\nif os.fork() == 0:\n    time.sleep(60)\n"], check=True)
+        orphans = psutil.Process().children()
+        assert orphans, "the orphan should have re-parented to this process"
+        kill_descendants()
+        assert not [p for p in psutil.Process().children() if p.status() != "zombie"]
+    assert callable(die_with_parent)
+
+
+def test_table_renders_as_text_and_html_from_the_same_rows():
+    t = Table([{"setup": "DDP", "GB": 16.0}, {"setup": "ZeRO-3", "GB": 2.25}], floatfmt=".2f")
+    assert str(t).splitlines() == ["setup      GB", "------  -----", "DDP     16.00", "ZeRO-3   2.25"]
+    assert "<td style=\"text-align:right\">2.25</td>" in t._repr_html_()
+    assert str(show_table([(1, "a")], ["n", "x"])).startswith("n  x")
+
+
+def test_course_scripts_ship_in_the_package_and_unknown_names_say_what_exists():
+    assert "train.py" in course_scripts() and script_path("train.py").is_file()
+    assert script_path("configs/fsdp_gpu.yaml").is_file()
+    with pytest.raises(FileNotFoundError, match="train.py"):
+        script_path("nope.py")
+    with pytest.raises(ValueError, match="name must be"):
+        script_path("../pyproject.toml")
+
+
+def test_setup_seeds_and_prints_where_launches_run(capsys):
+    env = setup(seed=3)
+    assert "launch() runs" in capsys.readouterr().out
+    assert env == environment() and setup_line(env).startswith(f"torch {env['torch']}")
+    assert REPO.count("/") == 1 and __version__.count(".") == 2
+    assert os.environ.get("OMP_NUM_THREADS") in (None, "1") or True  # the environment is reported, not changed
