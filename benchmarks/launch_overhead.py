@@ -1,29 +1,40 @@
-"""Launch overhead: M11's `launch` against a bare `torchrun` of the same function, 4 processes.
+"""Launch overhead: what M11's launchers cost over the bare tools they wrap, side by side in one run.
 
     python benchmarks/launch_overhead.py [--repeats 3]
 
-Both run the same work (init the process group, one all-reduce, tear down) on 4 ranks, side by side
-in one run; the script prints each one's median wall time and the ratio launch / torchrun. The
-course's target is a ratio ≤ 1.3. `launch` forks from a warm interpreter (torch already imported);
-torchrun starts fresh interpreters, each importing torch — which is what a learner would otherwise
-pay from a notebook.
+1. `launch(fn)` against a bare `torchrun` of the same work (init the process group, one all-reduce,
+   tear down), 4 ranks. `launch` forks from a warm interpreter (torch already imported); torchrun
+   starts fresh interpreters, each importing torch: what a learner would otherwise pay from a
+   notebook. Target: ratio <= 1.3.
+2. `launch_script(script)` against a bare `accelerate launch` of the same script, 2 ranks: the price
+   of the supervisor that stops the whole tree when the caller dies (`m11_helpers.procs.tethered`),
+   of reading the results and of retagging the output. Target: ratio <= 1.1.
+3. The supervisor alone: `python -c pass` through `tethered_popen` against a plain `Popen`.
+4. How long a tethered tree outlives a SIGKILLed caller: from the caller's death to the moment
+   none of its processes is left (the supervisor polls its parent every 20 ms).
+
+Rounds are interleaved, so every variant sees the same machine load; each figure is the median
+(`m11_helpers.timing`) of `--repeats` rounds.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 import textwrap
 import time
+from pathlib import Path
 
+import psutil
 import torch
 import torch.distributed as dist
 
-from m11_helpers.launch import launch
+from m11_helpers.launch import launch, launch_script
+from m11_helpers.procs import tethered_popen
+from m11_helpers.timing import Timing, format_seconds, time_it
 
 WORLD = 4
 
@@ -44,38 +55,92 @@ SCRIPT = textwrap.dedent("""
     dist.destroy_process_group()
 """)
 
+CALLER = textwrap.dedent("""
+    import sys, time
+    from m11_helpers.procs import tethered_popen
+    tethered_popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    print("started", flush=True)
+    time.sleep(60)
+""")
 
-def time_launch() -> float:
-    start = time.perf_counter()
+
+def once(fn) -> float:
+    """One timed call, through the course's one timer."""
+    return time_it(fn, repeats=1, warmup=0).samples[0]
+
+
+def run_launch() -> None:
     assert launch(work, num_processes=WORLD, show_output=False) == [float(WORLD)] * WORLD
-    return time.perf_counter() - start
 
 
-def time_torchrun(script: str) -> float:
-    start = time.perf_counter()
+def run_torchrun(script: str) -> None:
     subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={WORLD}",
                     script], check=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True)
+
+
+def run_launch_script(script: str) -> None:
+    launch_script(script, num_processes=2, device="cpu", echo=False, timeout=300)
+
+
+def run_accelerate(script: str) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "1", "CUDA_VISIBLE_DEVICES": ""}
+    subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+                    "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                    "--main_process_port", "0", script], check=True, env=env, capture_output=True)
+
+
+def orphan_lifetime() -> float:
+    """Seconds from a caller's SIGKILL until nothing of its tethered tree is left."""
+    caller = subprocess.Popen([sys.executable, "-c", CALLER], stdout=subprocess.PIPE, text=True)
+    caller.stdout.readline()
+    while len(tree := psutil.Process(caller.pid).children(recursive=True)) < 2:  # supervisor, program
+        time.sleep(0.01)
+    time.sleep(0.5)  # a run in progress, not one still starting
+    caller.kill()
+    caller.wait()
+    start = time.perf_counter()
+    while any(_alive(p) for p in tree) and time.perf_counter() - start < 10:
+        time.sleep(0.001)
     return time.perf_counter() - start
+
+
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
-        f.write(SCRIPT)
-    try:
-        ours, bare = [], []
-        for _ in range(args.repeats):  # interleaved, so both see the same machine load
-            ours.append(time_launch())
-            bare.append(time_torchrun(f.name))
-    finally:
-        os.unlink(f.name)
-    a, b = statistics.median(ours), statistics.median(bare)
-    print(f"{WORLD} ranks, median of {args.repeats}:")
-    print(f"  m11 launch   {a:7.3f} s")
-    print(f"  torchrun     {b:7.3f} s")
-    print(f"  ratio launch / torchrun = {a / b:.3f}  (target <= 1.3)")
+    with tempfile.TemporaryDirectory() as tmp:
+        script = str(Path(tmp) / "allreduce.py")
+        Path(script).write_text(SCRIPT)
+        samples: dict[str, list[float]] = {k: [] for k in ("launch", "torchrun", "launch_script", "accelerate",
+                                                           "tethered", "popen", "orphan")}
+        run_launch()  # warm-up: the first launch imports torch.distributed in this process
+        for _ in range(args.repeats):  # interleaved, so all see the same machine load
+            samples["launch"].append(once(run_launch))
+            samples["torchrun"].append(once(lambda: run_torchrun(script)))
+            samples["launch_script"].append(once(lambda: run_launch_script(script)))
+            samples["accelerate"].append(once(lambda: run_accelerate(script)))
+            samples["tethered"].append(once(lambda: tethered_popen([sys.executable, "-c", "pass"]).wait()))
+            samples["popen"].append(once(lambda: subprocess.Popen([sys.executable, "-c", "pass"]).wait()))
+            samples["orphan"].append(orphan_lifetime())
+    t = {k: Timing(tuple(v)) for k, v in samples.items()}
+    print(f"median of {args.repeats} rounds:")
+    print(f"  m11 launch ({WORLD} ranks)   {t['launch']}")
+    print(f"  torchrun                {t['torchrun']}")
+    print(f"  ratio launch / torchrun = {t['launch'].median / t['torchrun'].median:.3f}  (target <= 1.3)")
+    print(f"  launch_script (2 ranks) {t['launch_script']}")
+    print(f"  accelerate launch       {t['accelerate']}")
+    print(f"  ratio launch_script / accelerate launch = "
+          f"{t['launch_script'].median / t['accelerate'].median:.3f}  (target <= 1.1)")
+    print(f"  python -c pass, tethered {t['tethered']}; plain Popen {t['popen']}; "
+          f"the supervisor adds {format_seconds(t['tethered'].median - t['popen'].median)}")
+    print(f"  a SIGKILLed caller's tethered tree is gone {t['orphan']} after its death")
 
 
 if __name__ == "__main__":

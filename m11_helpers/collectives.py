@@ -12,6 +12,11 @@ right neighbour and adds the chunk arriving from its left into its own copy; aft
 holds chunk r summed over all ranks. All-gather: n-1 more steps pass the finished chunks around.
 Every rank sends 2(n-1)/n of the tensor whatever n is; that is the bandwidth lower bound.
 
+Across nodes, `hierarchical_all_reduce` keeps the big traffic on the fast links: reduce-scatter
+inside the node, all-reduce each GPU's 1/g shard across nodes with the GPUs of the same local rank
+(its *rail*), all-gather inside the node (Jia et al. 2018, "Highly Scalable Deep Learning Training
+System with Mixed-Precision", arXiv:1807.11205, "hierarchical all-reduce"; the shape of HSDP, lesson 12).
+
 Written for gloo (CPU), as the lessons run it. With NCCL, point-to-point calls issued one by one
 can serialise on one stream; group them with `dist.batch_isend_irecv` there.
 """
@@ -24,28 +29,30 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from m11_helpers.timing import time_it
 from m11_helpers.validate import non_negative_int, positive_int
 
 __all__ = ["ring_chunks", "ring_reduce_scatter", "ring_all_gather", "ring_all_reduce",
-           "backend_reduce_scatter", "backend_all_gather", "time_collective", "memcpy_bandwidth",
-           "bandwidth_sweep", "IMPLEMENTATIONS"]
+           "backend_reduce_scatter", "backend_all_gather", "node_and_rail_groups", "hierarchical_all_reduce",
+           "time_collective", "bandwidth_sweep", "IMPLEMENTATIONS"]
 
 
 # ----------------------------------------------------------------------------------------------
 # The backend's own collectives, with the current (non-deprecated) names
 # ----------------------------------------------------------------------------------------------
 
-def backend_reduce_scatter(output: torch.Tensor, input: torch.Tensor) -> None:
-    """dist.reduce_scatter_single (torch >= 2.13); reduce_scatter_tensor on older torch, where it is not deprecated."""
+def backend_reduce_scatter(output: torch.Tensor, input: torch.Tensor, *, group=None) -> None:
+    """dist.reduce_scatter_single (torch >= 2.13); reduce_scatter_tensor on older torch, where it is not deprecated.
+
+    Sums; `group` is a process group (None: the default one).
+    """
     fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-    fn(output, input)
+    fn(output, input, group=group)
 
 
-def backend_all_gather(output: torch.Tensor, input: torch.Tensor) -> None:
-    """dist.all_gather_single (torch >= 2.13); all_gather_into_tensor on older torch."""
+def backend_all_gather(output: torch.Tensor, input: torch.Tensor, *, group=None) -> None:
+    """dist.all_gather_single (torch >= 2.13); all_gather_into_tensor on older torch. `group`: None = default."""
     fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    fn(output, input)
+    fn(output, input, group=group)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -173,6 +180,42 @@ def ring_all_reduce(tensor: torch.Tensor, trace: list | None = None, segments: i
 
 
 # ----------------------------------------------------------------------------------------------
+# Two levels: nodes of g GPUs (consecutive ranks), rails across them
+# ----------------------------------------------------------------------------------------------
+
+def node_and_rail_groups(gpus_per_node: int):
+    """(this rank's node group, its rail group) for nodes of `gpus_per_node` consecutive ranks.
+
+    Node k = ranks k·g … k·g+g-1; rail j = ranks j, g+j, 2g+j, … (local rank j on every node).
+    Every rank creates every group, in the same order: dist.new_group is collective.
+    """
+    g = positive_int("gpus_per_node", gpus_per_node)
+    rank, n = dist.get_rank(), dist.get_world_size()
+    if n % g:
+        raise ValueError(f"gpus_per_node ({g}) must divide the world size ({n})")
+    nodes = [dist.new_group(list(range(k * g, (k + 1) * g))) for k in range(n // g)]
+    rails = [dist.new_group(list(range(j, n, g))) for j in range(g)]
+    return nodes[rank // g], rails[rank % g]
+
+
+def hierarchical_all_reduce(x: torch.Tensor, node_group, rail_group) -> torch.Tensor:
+    """Σ over all ranks of the 1-D `x` (a new tensor; `x` is untouched): reduce-scatter in the node,
+    all-reduce the 1/g shard along the rail, all-gather in the node. x.numel() must divide by g.
+
+    Only S/g per GPU crosses nodes (2(nodes-1)/nodes of it on a ring), each GPU on its own rail.
+    """
+    g = dist.get_world_size(node_group)
+    if x.dim() != 1 or x.numel() % g:
+        raise ValueError(f"x must be 1-D with numel divisible by the node size {g}, got shape {tuple(x.shape)}")
+    shard = torch.empty(x.numel() // g, dtype=x.dtype, device=x.device)  # (S/g,)
+    backend_reduce_scatter(shard, x, group=node_group)  # the node's sum of my 1/g, over NVLink
+    dist.all_reduce(shard, group=rail_group)  # + every other node's: the only inter-node traffic
+    out = torch.empty_like(x)  # (S,)
+    backend_all_gather(out, shard, group=node_group)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
 # Measuring: every rank runs the same loop; a collective takes as long as its slowest rank
 # ----------------------------------------------------------------------------------------------
 
@@ -204,14 +247,6 @@ def time_collective(op: Callable[[torch.Tensor], object], tensor: torch.Tensor, 
         if i >= warmup:
             times.append(float(elapsed))
     return times
-
-
-def memcpy_bandwidth(nbytes: int = 64 * 2**20, iters: int = 5) -> float:
-    """Bytes/s of one thread copying `nbytes` (median of `iters`): read S + write S, reported as S/t."""
-    src = torch.ones(nbytes // 4, dtype=torch.float32)  # (S/4,)
-    dst = torch.empty_like(src)
-    # the warm-up copy touches the pages first
-    return nbytes / time_it(lambda: dst.copy_(src), repeats=iters, warmup=1).median
 
 
 def bandwidth_sweep(sizes: list[int], impls: tuple[str, ...] = ("ring (ours)", "backend"),

@@ -9,6 +9,16 @@ Collective Communication Operations in MPICH", IJHPCA 19(1), §2 "Cost model"; P
     ring_allreduce_time(S, n, alpha, beta)   = 2(n-1)·α + 2(n-1)/n · S·β
     tree_allreduce_time(S, n, alpha, beta)   = 2⌈log2 n⌉·(α + S·β)          (binomial reduce + broadcast)
     crossover_bytes(n, alpha, beta)          message size where the two are equal
+    half_bandwidth_bytes(n, alpha, beta)     the size where the ring reaches half its peak busbw (n·α/β)
+
+The "tree" here is the textbook *binomial* tree. NCCL's tree is a different algorithm: a pipelined
+*double binary* tree across nodes, a chain inside each node (Jeaugey, "Massively Scale Your Deep Learning
+Training with NCCL 2.4", NVIDIA blog 2019; Sanders, Speck & Träff 2009): log-latency AND close to full
+bandwidth, which a binomial tree (every step carries the whole message) cannot reach.
+
+Across nodes (`Fabric`): a node of g GPUs has one or several NICs. NCCL runs one ring per NIC (a
+*rail*: NIC k of every node on one switch plane), each carrying 1/rails of the data, so a flat ring over
+nodes·g GPUs crosses the network at rails × the NIC bandwidth (DGX/HGX H100: 8 × 400 Gb/s).
 
 Bus bandwidth follows nccl-tests (NVIDIA, `doc/PERFORMANCE.md`): algbw = S / t, and busbw =
 algbw × a factor that makes the number comparable with the link's peak whatever n is.
@@ -16,14 +26,16 @@ algbw × a factor that makes the number comparable with the link's peak whatever
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from m11_helpers.hardware_specs import IB_400G, NVLINK_H100, Link  # the one Link type; re-exported for lesson 02
 from m11_helpers.validate import non_negative_real, one_of, positive_int, positive_real
 
 __all__ = ["COLLECTIVES", "bus_factor", "algbw", "busbw", "ring_allreduce_time", "tree_allreduce_time",
-           "ring_bytes_sent", "crossover_bytes", "fit_alpha_beta", "explore", "NVLINK_H100", "IB_400G",
-           "Link"]
+           "ring_bytes_sent", "crossover_bytes", "half_bandwidth_bytes", "fit_alpha_beta", "explore",
+           "NVLINK_H100", "IB_400G", "Link", "Fabric", "FABRICS", "HGX_H100", "ONE_NIC_H100",
+           "cluster_allreduce_time", "inter_node_bytes"]
 
 # nccl-tests doc/PERFORMANCE.md, "Bus bandwidth": the factor busbw/algbw for each collective.
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all")
@@ -98,6 +110,14 @@ def crossover_bytes(n: int, alpha: float, beta: float) -> float:
     return alpha * latency_gap / (beta * bandwidth_gap)
 
 
+def half_bandwidth_bytes(n: int, alpha: float, beta: float) -> float:
+    """S½ = n·α/β: the ring all-reduce's busbw = 1/(nα/S + β) is half its peak 1/β there (Hockney's n½, 1994)."""
+    positive_int("n", n)
+    non_negative_real("alpha", alpha)
+    positive_real("beta", beta)
+    return n * alpha / beta
+
+
 def fit_alpha_beta(sizes, seconds, n: int, collective: str = "all_reduce") -> tuple[float, float]:
     """Fit t = steps·α + bus_factor·S·β by least squares on *relative* error; returns (α, β) >= 0.
 
@@ -133,3 +153,89 @@ def explore(n: int, nbytes: float, alpha: float, beta: float) -> dict:
     return {"ring_s": ring, "tree_s": tree, "crossover_bytes": crossover_bytes(n, alpha, beta),
             "winner": "ring" if ring <= tree else "tree",
             "ring_latency_share": 2 * (n - 1) * alpha / ring if ring > 0 else 0.0}
+
+
+# ----------------------------------------------------------------------------------------------
+# Across nodes: NICs per node, rails, and the all-reduce of a multi-node data-parallel group
+# ----------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Fabric:
+    """Nodes of `gpus` GPUs joined by `intra` (NVLink), each node with `nics` NICs of `nic` (one port each)."""
+
+    name: str
+    gpus: int  # GPUs per node
+    intra: Link  # inside a node, per GPU
+    nic: Link  # one NIC port, per direction
+    nics: int  # NICs per node used for the collectives
+    source: str
+
+    def __post_init__(self) -> None:
+        positive_int(f"{self.name}: gpus", self.gpus)
+        positive_int(f"{self.name}: nics", self.nics)
+
+    @property
+    def rails(self) -> int:
+        """Rings NCCL can drive through distinct NICs at once: one per NIC, at most one per GPU."""
+        return min(self.nics, self.gpus)
+
+    def network_bandwidth(self) -> float:
+        """Bytes/s per direction one node puts on the network: rails × one NIC."""
+        return self.rails * self.nic.bandwidth
+
+    def rail_link(self) -> Link:
+        """What one GPU gets of the network when every GPU talks across nodes at once: nics·B_nic / gpus."""
+        share = self.nics * self.nic.gbs_per_direction / self.gpus
+        return Link(f"{self.name}: network per GPU", share, f"{self.nics} × {self.nic.name} shared by "
+                    f"{self.gpus} GPUs; {self.source}", alpha_us=self.nic.alpha_us)
+
+
+HGX_H100 = Fabric("HGX/DGX H100, one 400 Gb/s NIC per GPU (8 rails)", 8, NVLINK_H100, IB_400G, 8,
+                  "NVIDIA DGX H100 User Guide, §1.2.3 'Network Modules' (8 ConnectX-7, one per GPU); NVIDIA "
+                  "DGX SuperPOD reference architecture (DGX H100): rail-optimised compute fabric")
+ONE_NIC_H100 = Fabric("8 × H100 per node, one 400 Gb/s NIC per node", 8, NVLINK_H100, IB_400G, 1,
+                      "a node with a single compute NIC (as in many cloud and on-premises builds)")
+FABRICS = {f.name: f for f in (HGX_H100, ONE_NIC_H100)}
+
+ALGORITHMS = ("ring", "hierarchical")
+
+
+def cluster_allreduce_time(nbytes: float, nodes: int, fabric: Fabric, algorithm: str = "ring") -> float:
+    """α–β all-reduce of S bytes over nodes·g GPUs of `fabric`.
+
+    ring: one flat ring per rail, each with S/rails, N = nodes·g:
+        2(N-1)·α + 2(N-1)/N · S · max(β_intra, 1/(rails·B_nic))   (the NVLink side bounded by one full ring)
+    hierarchical: reduce-scatter in the node, all-reduce of each GPU's S/g across nodes on its rail, all-gather:
+        2·[(g-1)α_intra + (g-1)/g·S·β_intra] + 2(nodes-1)α + 2(nodes-1)/nodes · (S/g) / (nics·B_nic/g)
+    One node: a ring over NVLink. Sources: Patarasuk & Yuan 2009 (ring); NCCL's rings per NIC (module docstring).
+    """
+    non_negative_real("nbytes", nbytes)
+    positive_int("nodes", nodes)
+    one_of("algorithm", algorithm, ALGORITHMS)
+    g = fabric.gpus
+    if nodes == 1:
+        return ring_allreduce_time(nbytes, g, fabric.intra.alpha, fabric.intra.beta)
+    if algorithm == "ring":
+        n = nodes * g
+        beta = max(fabric.intra.beta, 1 / fabric.network_bandwidth())
+        return ring_allreduce_time(nbytes, n, max(fabric.intra.alpha, fabric.nic.alpha), beta)
+    inside = ring_allreduce_time(nbytes, g, fabric.intra.alpha, fabric.intra.beta)  # = reduce-scatter + all-gather
+    rail = fabric.rail_link()
+    return inside + ring_allreduce_time(nbytes / g, nodes, rail.alpha, rail.beta)
+
+
+def inter_node_bytes(nbytes: float, nodes: int, gpus: int, algorithm: str = "ring") -> float:
+    """Bytes one node sends to the network per all-reduce of S bytes over nodes·g GPUs.
+
+    ring: every ring leaves the node once, carrying 2(N-1)/N of its share: 2(N-1)/N · S in all.
+    hierarchical: each GPU sends 2(nodes-1)/nodes of its S/g: 2(nodes-1)/nodes · S in all.
+    """
+    non_negative_real("nbytes", nbytes)
+    positive_int("nodes", nodes)
+    positive_int("gpus", gpus)
+    one_of("algorithm", algorithm, ALGORITHMS)
+    if nodes == 1:
+        return 0.0
+    if algorithm == "ring":
+        return ring_bytes_sent(nbytes, nodes * gpus)
+    return ring_bytes_sent(nbytes, nodes)

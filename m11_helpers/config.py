@@ -30,6 +30,7 @@ class TransformerConfig:
     bias: bool = True  # biases in linear layers
     tied_embeddings: bool = True  # output head shares the token embedding
     learned_positions: bool = True  # a learned position table (GPT); False for RoPE (Llama)
+    dropout: bool | None = None  # trains with dropout; None = by architecture (GPT yes, Llama no): see dropout_in()
 
     def __post_init__(self) -> None:
         for field in ("vocab_size", "hidden", "layers", "heads", "ffn_hidden", "seq_len"):
@@ -41,6 +42,17 @@ class TransformerConfig:
     @property
     def head_dim(self) -> int:
         return self.hidden // self.heads
+
+
+def dropout_in(cfg: TransformerConfig) -> bool:
+    """Whether `cfg` trains with dropout: cfg.dropout, else GPT-style (GELU, LayerNorm) yes, Llama-style no.
+
+    GPT-2/GPT-3 and Megatron's GPT use dropout 0.1 (Korthikanti et al. 2022 count its masks); Llama
+    trains without (Touvron et al. 2023). The course's tiny models have no dropout layers.
+    """
+    if cfg.dropout is not None:
+        return cfg.dropout
+    return not cfg.gated_mlp and cfg.norm == "layernorm"
 
 
 def param_count(cfg: TransformerConfig) -> int:
@@ -79,4 +91,12 @@ RUNNING_EXAMPLE = dataclasses.replace(LLAMA2_7B, name="M11-7B (Llama-2-7B shape)
 # The course's tiny GPT: the model every lesson *runs* (a training step in milliseconds on 1 thread).
 TINY_GPT = TransformerConfig(
     name="tiny GPT", vocab_size=64, hidden=64, layers=4, heads=4, ffn_hidden=256, seq_len=32,
+    dropout=False,  # models.TinyGPT has no dropout layers
+)
+
+# The course's tiny Llama (`models.tiny_llama`): SwiGLU, RMSNorm, RoPE, no bias, grouped-query attention
+# (2 K/V heads for 4 query heads), no dropout. ffn 176 = Llama's ⌈(8/3)·h / 16⌉·16 (Touvron et al. 2023).
+TINY_LLAMA = TransformerConfig(
+    name="tiny Llama", vocab_size=64, hidden=64, layers=4, heads=4, kv_heads=2, ffn_hidden=176, seq_len=32,
+    gated_mlp=True, norm="rmsnorm", bias=False, tied_embeddings=False, learned_positions=False, dropout=False,
 )

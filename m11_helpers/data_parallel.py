@@ -4,9 +4,10 @@
 
 Lesson 03. From scratch: `shard_indices` (what `DistributedSampler` hands each rank),
 `broadcast_parameters` / `average_gradients` (naive data parallelism), `pack_buckets` (how DDP
-groups gradients), `train_regression` (the same training on 1 process, naive DP or DDP), and the
-batch-size formulas: the linear scaling rule with warmup (Goyal et al. 2017) and the gradient noise
-scale (McCandlish et al. 2018). The DDP timeline and the step-time model live in `ddp_overlap.py`.
+groups gradients, its 1 MiB first bucket included), `train_regression` (the same training on 1
+process, naive DP or DDP), and the batch-size formulas: the linear scaling rule with warmup (Goyal
+et al. 2017) and the gradient noise scale (McCandlish et al. 2018). The DDP timeline and the
+step-time model live in `ddp_overlap.py`.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from torch import nn
 
 from m11_helpers.validate import non_negative_int, one_of, positive_int, positive_real
 
-__all__ = ["shard_indices", "broadcast_parameters", "average_gradients", "pack_buckets", "train_regression",
-           "scaled_lr", "warmup_lr", "noise_scale", "steps_and_examples"]
+__all__ = ["shard_indices", "broadcast_parameters", "average_gradients", "MiB", "DEFAULT_BUCKET_CAP_MB",
+           "FIRST_BUCKET_BYTES", "BUCKET_MLP", "bucket_limits", "pack_buckets", "train_regression", "scaled_lr",
+           "warmup_lr", "noise_scale", "steps_and_examples"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -77,30 +79,52 @@ def average_gradients(model: nn.Module) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Buckets
+# Buckets: DDP's rule, as torch 2.13 applies it when it rebuilds them after iteration 0
 # ---------------------------------------------------------------------------------------------
 
+MiB = 2**20  # DDP's bucket_cap_mb counts MiB (torch.nn.parallel.distributed: _MB_TO_BYTES = 1024 * 1024)
+DEFAULT_BUCKET_CAP_MB = 25  # DistributedDataParallel(bucket_cap_mb=None) means 25 MiB
+# DDP's smaller first bucket; a private torch constant, hence the fallback to its value (torch 1.8 to 2.13)
+FIRST_BUCKET_BYTES = getattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES", MiB)
+BUCKET_MLP = (256, 512, 512, 512, 512, 16)  # the course MLP at 3.7 MB of fp32 gradients: more than the first bucket
 
-def pack_buckets(nbytes: list[int], cap_bytes: int, *, close_at_cap: bool = False) -> list[list[int]]:
-    """Group gradients, last layer first, into buckets; returns parameter indices per bucket.
 
-    close_at_cap=False: each bucket holds at most `cap_bytes` (a gradient larger than the cap gets its
-    own bucket). close_at_cap=True: DDP's rule — add the gradient, close the bucket once it holds
-    >= cap_bytes (torch `_compute_bucket_assignment_by_size`), so DDP's buckets overshoot the cap a little.
+def bucket_limits(bucket_cap_mb: float | None = None) -> tuple[int, int]:
+    """(first bucket's limit, every later bucket's) in bytes: (1 MiB, 25 MiB) by default, (cap, cap) when given.
+
+    Source: torch.nn.parallel.distributed._BucketCapacityConfig.create (torch 2.13): the 1 MiB first
+    bucket applies only when bucket_cap_mb is left at None; passing bucket_cap_mb=25 turns it off.
     """
-    positive_real("cap_bytes", cap_bytes)
+    if bucket_cap_mb is None:
+        return FIRST_BUCKET_BYTES, DEFAULT_BUCKET_CAP_MB * MiB
+    positive_real("bucket_cap_mb", bucket_cap_mb)
+    cap = int(bucket_cap_mb * MiB)
+    return cap, cap
+
+
+def pack_buckets(nbytes: list[int], bucket_cap_mb: float | None = None, *,
+                 order: list[int] | None = None) -> list[list[int]]:
+    """DDP's buckets after iteration 0: parameter indices per bucket, in the order they are all-reduced.
+
+    Walk the gradients in the order they became ready (`order`; default: reverse parameter order,
+    what backward gives a chain of layers); add each to the open bucket and close it once it holds
+    >= its limit (`bucket_limits`: the first bucket's, then the rest's), so buckets overshoot a little.
+    Source: torch/csrc/distributed/c10d/reducer.cpp, compute_bucket_assignment_by_size and
+    Reducer::rebuild_buckets (torch 2.13). DDP buckets each dtype and device separately: one here.
+    """
     if any(b < 0 for b in nbytes):
         raise ValueError("nbytes must be non-negative sizes in bytes")
+    order = list(reversed(range(len(nbytes)))) if order is None else list(order)
+    if sorted(order) != list(range(len(nbytes))):
+        raise ValueError(f"order must be a permutation of 0..{len(nbytes) - 1}")
+    first, rest = bucket_limits(bucket_cap_mb)
     buckets: list[list[int]] = []
     current: list[int] = []
     size = 0
-    for i in reversed(range(len(nbytes))):  # backward produces the last layer's gradients first
-        if not close_at_cap and current and size + nbytes[i] > cap_bytes:
-            buckets.append(current)
-            current, size = [], 0
+    for i in order:
         current.append(i)
         size += nbytes[i]
-        if close_at_cap and size >= cap_bytes:
+        if size >= (first if not buckets else rest):  # add first, then close: DDP's buckets reach their limit
             buckets.append(current)
             current, size = [], 0
     if current:

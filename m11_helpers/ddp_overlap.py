@@ -1,7 +1,7 @@
 """Overlap, seen and modelled: a DDP timeline recorded with a communication hook, and a step-time model.
 
-    timeline = record_timeline(bucket_cap_mb=0.1)        # inside a rank started by launch()
-    plot_timeline(timeline)
+    run = record_timeline(bucket_cap_mb=None)            # inside a rank started by launch(): DDP's defaults
+    plot_timeline(run["iterations"][2:])
 
 The model is lesson 02's α–β model (`comm_model.py`): a ring all-reduce of S bytes on n ranks takes
     T = 2(n−1)·α + 2(n−1)/n · S·β        (β in seconds per byte; Patarasuk & Yuan 2009)
@@ -10,17 +10,23 @@ and with overlap a step ends when the last bucket's all-reduce ends (`overlap_en
 
 from __future__ import annotations
 
+import functools
+import itertools
 import time
+from typing import Sequence
 
 import torch
 import torch._dynamo  # noqa: F401  why: DDP imports it lazily (~5 s per rank on 2 cores); imported once, forks inherit it
 import torch.distributed as dist
 
 from m11_helpers.comm_model import ring_allreduce_time
+from m11_helpers.config import TransformerConfig
+from m11_helpers.data_parallel import BUCKET_MLP
 from m11_helpers.timing import time_it
-from m11_helpers.validate import non_negative_real, positive_int
+from m11_helpers.validate import non_negative_real, positive_int, positive_real
 
-__all__ = ["record_timeline", "plot_timeline", "measure_step", "hidden_fraction", "overlap_end", "ddp_step_time"]
+__all__ = ["record_timeline", "bucket_params", "plot_timeline", "measure_step", "hidden_fraction", "overlap_end",
+           "ddp_step_time", "tensor_numels"]
 
 
 def overlap_end(ready: list[float], comm: list[float]) -> float:
@@ -36,27 +42,48 @@ def overlap_end(ready: list[float], comm: list[float]) -> float:
     return end
 
 
-def ddp_step_time(forward_s: float, backward_s: float, grad_bytes: float, world_size: int, buckets: int,
-                  alpha: float, beta: float, overlap: bool = True) -> dict:
-    """One DDP step: forward, then backward with `buckets` equal buckets ready at even intervals (β: s/byte).
+def ddp_step_time(forward_s: float, backward_s: float, grad_bytes: float, world_size: int,
+                  buckets: int | Sequence[float], alpha: float, beta: float, overlap: bool = True) -> dict:
+    """One DDP step: forward, then backward producing gradient bytes at a constant rate (β: s/byte).
 
+    `buckets` is a count (equal buckets) or each bucket's bytes in all-reduce order (`pack_buckets` on
+    the model's tensors); bucket i is ready when backward has produced every byte up to its end.
     Without overlap the all-reduces start after backward; with it, bucket i starts when ready. Only
     the last bucket can never hide: it is ready when backward ends.
     """
-    positive_int("buckets", buckets)
     non_negative_real("forward_s", forward_s)
     non_negative_real("backward_s", backward_s)
-    per_bucket = ring_allreduce_time(grad_bytes / buckets, world_size, alpha, beta)
-    comm = per_bucket * buckets  # more buckets: more α terms, the same bytes
-    if overlap:
-        ready = [backward_s * (i + 1) / buckets for i in range(buckets)]
-        end = overlap_end(ready, [per_bucket] * buckets)
+    positive_real("grad_bytes", grad_bytes)
+    if isinstance(buckets, int):
+        sizes = [grad_bytes / positive_int("buckets", buckets)] * buckets
     else:
-        end = backward_s + comm
+        sizes = [float(b) for b in buckets]
+        if not sizes or abs(sum(sizes) - grad_bytes) > 1e-9 * grad_bytes:
+            raise ValueError(f"buckets must be bucket sizes adding up to grad_bytes={grad_bytes:g}, got {sum(sizes):g}")
+    comm = [ring_allreduce_time(s, world_size, alpha, beta) for s in sizes]  # more buckets: more α terms
+    if overlap:
+        ready = [backward_s * done / grad_bytes for done in itertools.accumulate(sizes)]
+        end = overlap_end(ready, comm)
+    else:
+        end = backward_s + sum(comm)
     step = forward_s + max(end, backward_s)
     compute = forward_s + backward_s
-    return {"step_s": step, "compute_s": compute, "comm_s": comm, "exposed_comm_s": step - compute,
+    return {"step_s": step, "compute_s": compute, "comm_s": sum(comm), "exposed_comm_s": step - compute,
             "efficiency": compute / step}
+
+
+@functools.lru_cache(maxsize=8)
+def tensor_numels(cfg: TransformerConfig) -> tuple[int, ...]:
+    """Elements of each parameter tensor of `cfg`'s model, in parameter order (built on the meta device: no memory).
+
+    Llama-style configs (gated MLP) build `models.tiny_llama`, the others `models.tiny_gpt`; the sum
+    equals `config.param_count(cfg)` (tests/test_data_parallel.py).
+    """
+    from m11_helpers.models import tiny_gpt, tiny_llama
+
+    with torch.device("meta"):
+        model = (tiny_llama if cfg.gated_mlp else tiny_gpt)(0, cfg)
+    return tuple(p.numel() for p in model.parameters())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -64,31 +91,35 @@ def ddp_step_time(forward_s: float, backward_s: float, grad_bytes: float, world_
 # ---------------------------------------------------------------------------------------------
 
 
-def record_timeline(bucket_cap_mb: float = 25.0, iterations: int = 3, batch: int = 16, seed: int = 0) -> list[dict]:
-    """Run DDP on the tiny GPT inside a launched rank; per iteration, when each bucket's all-reduce ran.
+def record_timeline(bucket_cap_mb: float | None = None, iterations: int = 3, batch: int = 64,
+                    sizes: tuple[int, ...] = BUCKET_MLP, seed: int = 0) -> dict:
+    """Run DDP on the course MLP inside a launched rank; per iteration, when each bucket's all-reduce ran.
 
-    Returns one dict per iteration: backward_s (its duration), grads (per-parameter time its gradient
-    was ready, in reverse-ready order) and buckets [(index, numel, start, end)], all in seconds from
-    the start of backward. A comm hook wraps the default all-reduce hook and times it with fut.then().
+    Returns {"iterations": one dict per iteration, "numels": elements per parameter}. An iteration
+    holds backward_s (its duration), grads (the times gradients were ready, in order) and buckets
+    [(index, numel, start, end, parameter indices)], times in seconds from the start of backward. A
+    comm hook wraps the default all-reduce hook, times it with fut.then() and reads which parameters
+    DDP put in the bucket (GradBucket.parameters()).
     """
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from m11_helpers.data import tokens
-    from m11_helpers.models import tiny_gpt
+    from m11_helpers.models import mlp
 
-    model = tiny_gpt(seed)
-    ddp = DDP(model, bucket_cap_mb=bucket_cap_mb)
+    model = mlp(sizes, seed=seed)
+    index = {id(p): i for i, p in enumerate(model.parameters())}
+    ddp = DDP(model) if bucket_cap_mb is None else DDP(model, bucket_cap_mb=bucket_cap_mb)
     t0 = [0.0]
     events: list[tuple] = []
     ready: list[float] = []
 
     def hook(state, bucket):
         start = time.perf_counter() - t0[0]
+        params = [index[id(p)] for p in bucket.parameters()]
         fut = default_hooks.allreduce_hook(state, bucket)  # sums then divides by N, as DDP does
 
         def done(f):
-            events.append((bucket.index(), bucket.buffer().numel(), start, time.perf_counter() - t0[0]))
+            events.append((bucket.index(), bucket.buffer().numel(), start, time.perf_counter() - t0[0], params))
             return f.value()[0]
 
         return fut.then(done)
@@ -96,25 +127,31 @@ def record_timeline(bucket_cap_mb: float = 25.0, iterations: int = 3, batch: int
     ddp.register_comm_hook(None, hook)
     for p in model.parameters():  # when each gradient lands: the compute side of the timeline
         p.register_post_accumulate_grad_hook(lambda p: ready.append(time.perf_counter() - t0[0]))
-    x, y = tokens(n=batch, seed=seed + dist.get_rank()).tensors  # (batch, T): each rank its own shard
+    g = torch.Generator().manual_seed(seed + dist.get_rank())  # each rank its own shard
+    x = torch.randn(batch, sizes[0], generator=g)  # (batch, d_in)
     out = []
     for _ in range(iterations):
         events.clear()
         ready.clear()
-        loss = ddp(x, y)
+        loss = ddp(x).square().mean()
         t0[0] = time.perf_counter()
         loss.backward()  # hooks fire in here; the last futures complete before backward returns
-        out.append({"backward_s": time.perf_counter() - t0[0], "grads": list(ready),
-                    "buckets": sorted(events)})
+        out.append({"backward_s": time.perf_counter() - t0[0], "grads": list(ready), "buckets": sorted(events)})
+    numels = [p.numel() for p in model.parameters()]
     del ddp  # see docs/cpu-distributed-facts.md: a live DDP model at exit can abort the process
-    return out
+    return {"iterations": out, "numels": numels}
+
+
+def bucket_params(iteration: dict) -> list[list[int]]:
+    """The parameter indices of each bucket DDP all-reduced in one recorded iteration, in bucket order."""
+    return [params for *_, params in iteration["buckets"]]
 
 
 def hidden_fraction(iteration: dict) -> float:
     """Share of all-reduce time that ran while gradients were still being computed (before the last one landed)."""
     compute_end = max(iteration["grads"])
-    total = sum(e - s for _, _, s, e in iteration["buckets"])
-    hidden = sum(max(0.0, min(e, compute_end) - s) for _, _, s, e in iteration["buckets"])
+    total = sum(e - s for _, _, s, e, *_ in iteration["buckets"])
+    hidden = sum(max(0.0, min(e, compute_end) - s) for _, _, s, e, *_ in iteration["buckets"])
     return hidden / total if total > 0 else 0.0
 
 
@@ -131,7 +168,7 @@ def plot_timeline(iterations: list[dict], titles: list[str] | None = None, ax=No
         ms = 1e3
         a.barh(0, it["backward_s"] * ms, color="0.8", height=0.6, label="backward (compute)")
         a.plot([g * ms for g in it["grads"]], [0] * len(it["grads"]), "|", color="k", ms=10, label="a gradient lands")
-        for i, (idx, numel, s, e) in enumerate(it["buckets"]):
+        for idx, numel, s, e, *_ in it["buckets"]:
             a.barh(1, (e - s) * ms, left=s * ms, color=plt.cm.tab10(idx % 10), height=0.6, edgecolor="k")
             a.text((s + e) / 2 * ms, 1, str(idx), ha="center", va="center", fontsize=8)
         a.set_yticks([0, 1], ["backward", "all-reduce\n(bucket #)"])

@@ -80,8 +80,12 @@ def _in_notebook() -> bool:
 
 
 def show_table(rows: Iterable[Sequence[Any] | dict], headers: Sequence[str] | None = None, *,
-               floatfmt: str = ".3g", title: str | None = None) -> Table:
-    """Display rows as a table (HTML in a notebook, aligned text elsewhere) and return it."""
+               floatfmt: str = ".3g", title: str | None = None) -> None:
+    """Display rows as a table (HTML in a notebook, aligned text elsewhere).
+
+    Returns None, like `display`, so a cell ending in it shows the table once; build a `Table`
+    yourself to keep or test one.
+    """
     table = Table(rows, headers, floatfmt=floatfmt, title=title)
     if _in_notebook():
         from IPython.display import display
@@ -89,7 +93,6 @@ def show_table(rows: Iterable[Sequence[Any] | dict], headers: Sequence[str] | No
         display(table)
     else:
         print(table)
-    return table
 
 
 def show_source(obj: Any) -> None:

@@ -4,6 +4,7 @@
     apply_fsdp(model, mesh, reshard_after_forward=True)   # each block, then the root: ZeRO-3
     counter = TrafficCounter().attach(model)               # counts every all-gather / reduce-scatter
     local_param_numel(model)                               # Ψ/N: this rank's shards, measured
+    fsdp_memory_report()                                   # full blocks alive during and after forward
 
 FSDP is PyTorch's ZeRO-3 (Zhao et al. 2023, "PyTorch FSDP"; FSDP2 docs, torch.distributed.fsdp):
 parameters live as DTensor `Shard(0)` slices, are all-gathered just before a module's forward,
@@ -24,12 +25,11 @@ from torch import nn
 # paying the seconds FSDP's import costs (it pulls in torch._dynamo).
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
-from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 __all__ = ["apply_fsdp", "local_param_numel", "TrafficCounter", "is_sharded",
-           "fsdp_step_report", "accelerate_fsdp_probe"]
+           "fsdp_step_report", "fsdp_memory_report", "accelerate_fsdp_probe"]
 
 
 def apply_fsdp(model: nn.Module, mesh, reshard_after_forward: bool = True) -> nn.Module:
@@ -68,6 +68,12 @@ class TrafficCounter:
 
     def attach(self, model: nn.Module) -> "TrafficCounter":
         records = self.records
+        try:  # private and version-dependent (FSDP2's default collectives): only the counter needs them
+            from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
+        except ImportError as err:
+            raise RuntimeError(f"TrafficCounter needs FSDP2's DefaultAllGather/DefaultReduceScatter (private, "
+                               f"torch.distributed.fsdp._fully_shard._fsdp_collectives), which torch "
+                               f"{torch.__version__} does not have: {err}") from err
 
         class CountingAllGather(DefaultAllGather):
             def __call__(self, output_tensor, input_tensor, group, async_op=False):
@@ -128,6 +134,39 @@ def fsdp_step_report(reshard_after_forward: bool = True, batch: int = 8, seed: i
     return {"rank": rank, "world_size": n, "num_params": total, "local_params": local,
             "all_gather": traffic["all_gather"], "reduce_scatter": traffic["reduce_scatter"],
             "calls": traffic["calls"], "max_grad_diff_vs_ddp": diff}
+
+
+def _forward_backward_memory(model: nn.Module, x: torch.Tensor) -> dict[str, int]:
+    from m11_helpers.live_memory import track_live_bytes
+
+    with track_live_bytes() as mem:
+        loss = model(x, x)
+        mem.phase("after forward")
+        mem.phase("backward")
+        loss.backward()
+    return {"forward peak": mem.peaks["start"], "after forward": mem.peaks["after forward"],
+            "backward peak": mem.peaks["backward"]}
+
+
+def fsdp_memory_report(batch: int = 1, seq_len: int = 8, seed: int = 0) -> dict:
+    """Run on each rank (via `launch`): tensor bytes alive during one step, unsharded vs FSDP2 both ways.
+
+    Measured with `m11_helpers.live_memory` (bytes the step's ops allocate and still hold) on the tiny
+    GPT, a short sequence so that activations stay small next to a block's parameters. The same step
+    without sharding gives the activations alone; what FSDP adds on top is parameters gathered and
+    not yet freed. Returns bytes per case and `block_bytes`, one block's full fp32 parameters.
+    """
+    from m11_helpers.models import tiny_gpt
+
+    x = torch.randint(0, 64, (batch, seq_len), generator=torch.Generator().manual_seed(seed + 1))  # (b, T)
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    plain = tiny_gpt(seed)
+    out = {"block_bytes": 4 * sum(p.numel() for p in plain.blocks[0].parameters()),
+           "unsharded": _forward_backward_memory(plain, x)}
+    for reshard in (True, False):
+        out[f"reshard_after_forward={reshard}"] = _forward_backward_memory(
+            apply_fsdp(tiny_gpt(seed), mesh, reshard), x)
+    return out
 
 
 def accelerate_fsdp_probe(fsdp_version: int = 2) -> dict:

@@ -1,179 +1,31 @@
-"""Number formats, underflow, loss scaling and autocast: the code of lesson 06 (mixed precision).
+"""Mixed-precision training as frameworks do it: what autocast runs in 16 bits, where the bytes go (lesson 06).
 
-    bits(0.1, torch.bfloat16)                 # '0 01111011 1001101'
-    cast_fractions(grads, torch.float16, 2**8)  # how many entries flush to zero / overflow
-    scaler = DynamicLossScaler(growth_interval=4)  # GradScaler's rule, from scratch
-    autocast_dtype_table(model, idx)          # which modules autocast runs in 16 bits
+    autocast_dtype_table(model, idx)                  # which modules autocast runs in 16 bits
+    opt = MasterWeightsAdamW(bf16_model.parameters())  # the Megatron-LM / DeepSpeed layout: fp32 master copy
+    held_state_bytes(model, opt)                      # weights, grads, master, optimizer bytes, measured
+    precision_run("pure-bf16")                        # the same training with the weights stored four ways
 
-Sources: IEEE 754-2019 §3 (binary formats); Micikevicius et al. 2018, "Mixed Precision Training"
-(ICLR), §3 (master weights, loss scaling, FP32 accumulation); Kalamkar et al. 2019, "A Study of
-BFLOAT16 for Deep Learning Training"; Micikevicius et al. 2022, "FP8 Formats for Deep Learning";
-Rajbhandari et al. 2020, "ZeRO", §3.1 (the 16 bytes per parameter of mixed-precision Adam).
+Two layouts cost the same 16 bytes per parameter (`m11_helpers.model_states` owns the figures):
+`torch.amp.autocast` keeps fp32 parameters and fp32 gradients (4 + 4 + 8 for AdamW's two moments)
+and casts each weight to 16 bits per op; Megatron-LM and DeepSpeed keep 16-bit parameters and
+gradients next to an fp32 master copy (2 + 2 + 4 + 8: Rajbhandari et al. 2020, "ZeRO", §3.1).
+Micikevicius et al. 2018, "Mixed Precision Training", §3.1: the master copy exists because a small
+update added to a 16-bit weight rounds away. Activations: `m11_helpers.activations` (autocast=True)
+and `m11_helpers.memory.track_saved_tensors`. Speed: `benchmarks/bf16_speed.py`.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Iterable
+from typing import Callable, Iterable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from m11_helpers.validate import one_of, positive_int, positive_real
 
-# name -> (torch dtype, exponent bits, mantissa bits); fp8 e4m3 is the "fn" variant (no inf).
-FORMATS: dict[str, tuple[torch.dtype, int, int]] = {
-    "fp32": (torch.float32, 8, 23),
-    "fp16": (torch.float16, 5, 10),
-    "bf16": (torch.bfloat16, 8, 7),
-    "fp8_e4m3": (torch.float8_e4m3fn, 4, 3),
-    "fp8_e5m2": (torch.float8_e5m2, 5, 2),
-}
-_BY_DTYPE = {dt: (name, e, m) for name, (dt, e, m) in FORMATS.items()}
-_INT_VIEW = {32: torch.int32, 16: torch.int16, 8: torch.uint8}
-
-
-def _fmt(dtype: torch.dtype) -> tuple[str, int, int]:
-    if dtype not in _BY_DTYPE:
-        raise ValueError(f"dtype must be one of {[str(d) for d in _BY_DTYPE]}, got {dtype}")
-    return _BY_DTYPE[dtype]
-
-
-def format_limits(exp_bits: int, man_bits: int) -> dict[str, float]:
-    """IEEE-style binary format: max=(2-2⁻ᵐ)·2^bias, min normal=2^(1-bias), min subnormal=2^(1-bias-m), ε=2⁻ᵐ (IEEE 754 §3.3)."""
-    if not isinstance(exp_bits, int) or exp_bits < 2:
-        raise ValueError(f"exp_bits must be an integer >= 2, got {exp_bits!r}")
-    positive_int("man_bits", man_bits)
-    bias = 2 ** (exp_bits - 1) - 1  # the all-ones exponent is reserved for inf/NaN
-    return {"max": (2 - 2.0**-man_bits) * 2.0**bias, "min_normal": 2.0 ** (1 - bias),
-            "min_subnormal": 2.0 ** (1 - bias - man_bits), "eps": 2.0**-man_bits}
-
-
-def finfo_table(dtypes: Iterable[torch.dtype] = tuple(f[0] for f in FORMATS.values())) -> list[dict]:
-    """One row per dtype from `torch.finfo`: bits (sign/exponent/mantissa), max, min normal, min subnormal, ε."""
-    rows = []
-    for dt in dtypes:
-        name, e, m = _fmt(dt)
-        fi = torch.finfo(dt)
-        rows.append({"format": name, "bits": f"1/{e}/{m}", "max": fi.max, "min_normal": fi.smallest_normal,
-                     "min_subnormal": fi.smallest_normal * fi.eps, "eps": fi.eps})
-    return rows
-
-
-def bits(x: float, dtype: torch.dtype = torch.float32) -> str:
-    """The stored bit pattern of `x` in `dtype`, as 'sign exponent mantissa' (e.g. '0 01111 0000000000')."""
-    _, e, m = _fmt(dtype)
-    width = 1 + e + m
-    raw = int(torch.tensor([x], dtype=torch.float32).to(dtype).view(_INT_VIEW[width]).item())
-    s = format(raw & ((1 << width) - 1), f"0{width}b")  # two's complement -> unsigned pattern
-    return f"{s[0]} {s[1:1 + e]} {s[1 + e:]}"
-
-
-def round_trip(x: float, dtype: torch.dtype) -> dict[str, float]:
-    """x → dtype → float: the stored value, |error| and |error|/|x| (≤ ε/2 for normal numbers, round to nearest)."""
-    _fmt(dtype)
-    stored = torch.tensor([x], dtype=torch.float64).to(dtype).double().item()
-    err = abs(stored - x)
-    return {"stored": stored, "abs_error": err, "rel_error": err / abs(x) if x else 0.0}
-
-
-def cast_fractions(values: torch.Tensor, dtype: torch.dtype = torch.float16, scale: float = 1.0) -> dict[str, float]:
-    """Of the nonzero finite entries of `values`·scale cast to `dtype`: fractions that flush to 0, land subnormal, overflow."""
-    _fmt(dtype)
-    positive_real("scale", scale)
-    v = values.detach().flatten().double()
-    v = v[(v != 0) & torch.isfinite(v)] * scale  # scaling in float64 is exact: a power of two
-    if v.numel() == 0:
-        return {"zero": 0.0, "subnormal": 0.0, "overflow": 0.0}
-    c = v.to(dtype).double()
-    fi = torch.finfo(dtype)
-    n = v.numel()
-    return {"zero": (c == 0).sum().item() / n,
-            "subnormal": ((c != 0) & (c.abs() < fi.smallest_normal)).sum().item() / n,
-            "overflow": (~torch.isfinite(c) | (c.abs() > fi.max)).sum().item() / n}
-
-
-def activation_grads(model: nn.Module, *inputs, module_type: type = nn.Linear) -> torch.Tensor:
-    """Every gradient flowing into the outputs of `module_type` layers during one fp32 backward (flat, fp32)."""
-    grads: list[torch.Tensor] = []
-    hooks = [mod.register_full_backward_hook(lambda _m, _gi, go: grads.append(go[0].detach().flatten()))
-             for mod in model.modules() if isinstance(mod, module_type)]
-    try:
-        model.zero_grad(set_to_none=True)
-        model(*inputs).backward()  # the model must return a scalar loss
-    finally:
-        for h in hooks:
-            h.remove()
-    model.zero_grad(set_to_none=True)
-    return torch.cat(grads).float()  # (total activation-gradient entries,)
-
-
-# ----------------------------------------------------------------------------------------------
-# Dynamic loss scaling (Micikevicius et al. 2018, §3.2; the rule of torch.amp.GradScaler)
-# ----------------------------------------------------------------------------------------------
-
-
-def update_scale(scale: float, growth_tracker: int, found_inf: bool, growth_factor: float = 2.0,
-                 backoff_factor: float = 0.5, growth_interval: int = 2000) -> tuple[float, int]:
-    """Overflow: scale·backoff, tracker 0. Else tracker+1, and after `growth_interval` clean steps: scale·growth, tracker 0."""
-    positive_int("growth_interval", growth_interval)
-    if not (growth_factor > 1 and 0 < backoff_factor < 1):
-        raise ValueError(f"need growth_factor > 1 and 0 < backoff_factor < 1, got {growth_factor}, {backoff_factor}")
-    if found_inf:
-        return scale * backoff_factor, 0
-    if growth_tracker + 1 == growth_interval:
-        grown = scale * growth_factor
-        # the scale lives in an fp32 tensor in GradScaler: never grow it past fp32's max (inf)
-        return (grown if grown <= torch.finfo(torch.float32).max else scale), 0
-    return scale, growth_tracker + 1
-
-
-class DynamicLossScaler:
-    """GradScaler from scratch: scale the loss, unscale and check grads, skip the step on inf/NaN, update the scale."""
-
-    def __init__(self, init_scale: float = 2.0**16, growth_factor: float = 2.0, backoff_factor: float = 0.5,
-                 growth_interval: int = 2000):
-        positive_real("init_scale", init_scale)
-        update_scale(init_scale, 0, False, growth_factor, backoff_factor, growth_interval)  # validates
-        self.scale_value, self.growth_tracker = float(init_scale), 0
-        self.growth_factor, self.backoff_factor, self.growth_interval = growth_factor, backoff_factor, growth_interval
-        self.found_inf = False
-        self.skipped_steps = 0
-
-    def get_scale(self) -> float:
-        return self.scale_value
-
-    def scale(self, loss: torch.Tensor) -> torch.Tensor:
-        return loss * self.scale_value  # lifts small gradients out of fp16's underflow zone
-
-    def unscale_(self, optimizer: torch.optim.Optimizer) -> bool:
-        """Divide every grad by the scale in fp32 (before clipping!); remember whether any is inf/NaN."""
-        inv = torch.tensor(1.0 / self.scale_value, dtype=torch.float64).float()  # as GradScaler: fp32 1/scale
-        found = False
-        for group in optimizer.param_groups:
-            for p in group["params"]:
-                if p.grad is not None:
-                    found |= not bool(torch.isfinite(p.grad).all())
-                    p.grad.mul_(inv)
-        self.found_inf = found
-        self._unscaled = True
-        return found
-
-    def step(self, optimizer: torch.optim.Optimizer) -> bool:
-        """Unscale (unless done already) and step, or skip the step when a grad overflowed. Returns True if stepped."""
-        if not getattr(self, "_unscaled", False):
-            self.unscale_(optimizer)
-        if self.found_inf:
-            self.skipped_steps += 1
-            return False
-        optimizer.step()
-        return True
-
-    def update(self) -> None:
-        self.scale_value, self.growth_tracker = update_scale(
-            self.scale_value, self.growth_tracker, self.found_inf, self.growth_factor, self.backoff_factor,
-            self.growth_interval)
-        self._unscaled, self.found_inf = False, False
+__all__ = ["autocast_dtype_table", "autocast_op_table", "MasterWeightsAdamW", "held_state_bytes",
+           "autocast_weight_copy_bytes", "MODES", "precision_run", "speed_cases", "cpu_16bit_support"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -185,10 +37,7 @@ def _first_float(obj):
     if isinstance(obj, torch.Tensor):
         return obj.dtype if obj.is_floating_point() else None
     if isinstance(obj, (tuple, list)):
-        for o in obj:
-            dt = _first_float(o)
-            if dt is not None:
-                return dt
+        return next((dt for dt in map(_first_float, obj) if dt is not None), None)
     return None
 
 
@@ -214,8 +63,6 @@ def autocast_dtype_table(model: nn.Module, *inputs, device_type: str = "cpu",
 
 def autocast_op_table(device_type: str = "cpu", dtype: torch.dtype = torch.bfloat16) -> dict[str, tuple[str, str]]:
     """Op -> (output dtype fed fp32, output dtype fed `dtype`) under autocast: cast down, cast up, or pass through."""
-    import torch.nn.functional as F
-
     g = torch.Generator().manual_seed(0)
     w = torch.randn(8, 8, generator=g).to(device_type)  # (8, 8) an fp32 weight
     target = torch.zeros(4, dtype=torch.long, device=device_type)
@@ -242,59 +89,190 @@ def autocast_op_table(device_type: str = "cpu", dtype: torch.dtype = torch.bfloa
 
 
 # ----------------------------------------------------------------------------------------------
-# Memory: bytes per parameter of a training setup (ZeRO, Rajbhandari et al. 2020, §3.1)
+# The Megatron-LM / DeepSpeed layout: 16-bit parameters, an fp32 master copy (Micikevicius et al. §3.1)
 # ----------------------------------------------------------------------------------------------
 
-# setup -> bytes per parameter of (weights, gradients, fp32 master weights, optimizer states) with Adam
-SETUPS: dict[str, dict[str, int]] = {
-    "fp32": {"weights": 4, "grads": 4, "master": 0, "optimizer": 8},
-    "mixed (16-bit + fp32 master)": {"weights": 2, "grads": 2, "master": 4, "optimizer": 8},
-    "mixed, fp32 grads": {"weights": 2, "grads": 4, "master": 4, "optimizer": 8},
-    "pure bf16 (no master)": {"weights": 2, "grads": 2, "master": 0, "optimizer": 4},
+
+class MasterWeightsAdamW:
+    """AdamW for a 16-bit model: the update happens on an fp32 master copy, then is rounded into the model.
+
+    Per parameter: 2 B model weight + 2 B gradient (backward writes 16-bit grads) + 4 B master +
+    8 B AdamW moments (fp32, on the master) = 16 B, ZeRO §3.1's 2Ψ + 2Ψ + 12Ψ.
+    """
+
+    def __init__(self, params: Iterable[nn.Parameter], lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.0):
+        self.params = list(params)  # the model's 16-bit parameters: forward and backward read these
+        self.master = [p.detach().float().clone() for p in self.params]  # fp32 copies the optimizer updates
+        self.optimizer = torch.optim.AdamW(self.master, lr=positive_real("lr", lr), betas=betas, eps=eps,
+                                           weight_decay=weight_decay)
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for p, m in zip(self.params, self.master):
+            m.grad = None if p.grad is None else p.grad.float()  # the 16-bit gradient, widened for the update
+        self.optimizer.step()  # exp_avg, exp_avg_sq and the update itself, all fp32
+        for p, m in zip(self.params, self.master):
+            m.grad = None  # the fp32 gradient copy lives only for the step
+            p.copy_(m)  # round the master to the model's dtype: small updates accumulate in the master
+
+
+# ----------------------------------------------------------------------------------------------
+# Memory: the bytes each part of a training setup really holds
+# ----------------------------------------------------------------------------------------------
+
+
+def _key(t: torch.Tensor) -> tuple[str, int]:
+    return (str(t.device), t.untyped_storage().data_ptr())
+
+
+def _optimizer_tensors(obj, found: list, seen: set) -> None:
+    """(tensor, "state" | "copy") for every tensor reachable from `obj`'s attributes, containers and optimizers."""
+    if id(obj) in seen or isinstance(obj, (nn.Module, type, str, bytes, int, float)) or callable(obj) and not \
+            isinstance(obj, torch.optim.Optimizer):
+        return
+    seen.add(id(obj))
+    if isinstance(obj, torch.Tensor):
+        found.append((obj, "copy"))
+        if obj.grad is not None:
+            found.append((obj.grad, "copy"))
+    elif isinstance(obj, torch.optim.Optimizer):
+        for state in obj.state.values():  # exp_avg, exp_avg_sq, step: the optimizer's own memory
+            found.extend((t, "state") for t in state.values() if isinstance(t, torch.Tensor))
+        _optimizer_tensors(obj.param_groups, found, seen)
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            _optimizer_tensors(v, found, seen)
+    elif isinstance(obj, (list, tuple, set)):
+        for v in obj:
+            _optimizer_tensors(v, found, seen)
+    elif hasattr(obj, "__dict__"):
+        _optimizer_tensors(vars(obj), found, seen)
+
+
+def held_state_bytes(model: nn.Module, optimizer) -> dict[str, int]:
+    """Bytes held now, by part: weights (model parameters), grads (their .grad), master (other tensors the
+    optimizer keeps: weight copies and their grads), optimizer (its state), other (AdamW's 0-dim step counters).
+
+    Measured from the tensors, each storage counted once: compare with `model_states.bytes_per_param`.
+    """
+    out = dict.fromkeys(("weights", "grads", "master", "optimizer", "other"), 0)
+    seen: set = set()
+
+    def add(part: str, t: torch.Tensor) -> None:
+        if _key(t) not in seen:
+            seen.add(_key(t))
+            out[part] += t.untyped_storage().nbytes()
+
+    params = list(model.parameters())
+    for p in params:
+        add("weights", p)
+    for p in params:
+        if p.grad is not None:
+            add("grads", p.grad)
+    found: list = []
+    _optimizer_tensors(optimizer, found, set())
+    for t, where in found:
+        add("other" if t.dim() == 0 else "optimizer" if where == "state" else "master", t)
+    out["total"] = sum(out[p] for p in ("weights", "grads", "master", "optimizer"))
+    return out
+
+
+def autocast_weight_copy_bytes(model: nn.Module, *inputs, dtype: torch.dtype = torch.bfloat16) -> int:
+    """Bytes of the 16-bit weight copies autocast saves for backward in one forward of `model(*inputs)`."""
+    copies: dict = {}
+
+    def pack(t: torch.Tensor):
+        base = t if t._base is None else t._base  # matmuls save a transposed view of the copy
+        fn = base.grad_fn  # a cast of a leaf (a parameter) is a weight copy, not an activation
+        if fn is not None and type(fn).__name__ == "ToCopyBackward0" and any(
+                f is not None and type(f).__name__ == "AccumulateGrad" for f, _ in fn.next_functions):
+            copies[_key(t)] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast("cpu", dtype=dtype):
+        model(*inputs)
+    return sum(copies.values())
+
+
+# ----------------------------------------------------------------------------------------------
+# The same training, with the weights stored four ways
+# ----------------------------------------------------------------------------------------------
+
+MODES = {
+    "fp32": "fp32 weights, fp32 AdamW",
+    "autocast": "torch.amp autocast bf16: fp32 weights are the master",
+    "megatron": "bf16 weights + fp32 master (MasterWeightsAdamW)",
+    "pure-bf16": "bf16 weights, bf16 AdamW, no master",
 }
 
 
-def bytes_per_param(setup: str = "mixed (16-bit + fp32 master)") -> dict[str, int]:
-    """Mixed-precision Adam: 2P weights + 2P grads + 4P master + 8P (m, v) = 16P bytes (ZeRO §3.1: 2Ψ+2Ψ+12Ψ)."""
-    one_of("setup", setup, SETUPS)
-    parts = dict(SETUPS[setup])
-    parts["total"] = sum(parts.values())
-    return parts
+def precision_run(mode: str, steps: int = 120, lr: float = 1e-3, every: int = 5, seed: int = 0) -> dict:
+    """AdamW on the course MLP with the weights stored as `mode` says (MODES); the full-data loss every `every`
+    steps and, per step, the fraction of stored weight entries the update left unchanged (rounded away)."""
+    from m11_helpers.data import regression
+    from m11_helpers.models import mlp
+
+    one_of("mode", mode, MODES)
+    positive_int("steps", steps)
+    x_all, y_all = regression(256).tensors  # (256, 16), (256, 4)
+    model = mlp(seed=seed)
+    if mode in ("megatron", "pure-bf16"):
+        model = model.to(torch.bfloat16)
+    dt = next(model.parameters()).dtype
+    opt = (MasterWeightsAdamW if mode == "megatron" else torch.optim.AdamW)(model.parameters(), lr=lr,
+                                                                          weight_decay=0.0)
+    stored = opt.master if mode == "megatron" else list(model.parameters())  # what the update is added to
+    losses, unchanged = [], []
+    for step in range(steps):
+        i = torch.arange(step * 32, step * 32 + 32) % 256  # (32,) a fixed batch order
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mode == "autocast"):
+            loss = F.mse_loss(model(x_all[i].to(dt)).float(), y_all[i])
+        opt.zero_grad()
+        loss.backward()
+        before = [t.detach().clone() for t in stored]
+        opt.step()
+        same = sum((t == b).sum().item() for t, b in zip(stored, before))
+        unchanged.append(same / sum(t.numel() for t in stored))
+        if step % every == 0 or step == steps - 1:
+            with torch.no_grad():
+                losses.append((step, F.mse_loss(model(x_all.to(dt)).float(), y_all).item()))
+    return {"loss": losses, "unchanged": sum(unchanged) / len(unchanged)}
 
 
-def training_memory_gb(n_params: int, setup: str = "mixed (16-bit + fp32 master)") -> dict[str, float]:
-    """Bytes per parameter × P, in GB (1e9 bytes), per part: weights, grads, master, optimizer, total."""
-    positive_real("n_params", n_params)
-    return {k: v * n_params / 1e9 for k, v in bytes_per_param(setup).items()}
+# ----------------------------------------------------------------------------------------------
+# Speed: what 16 bits buys on this machine (benchmarks/bf16_speed.py measures more sizes)
+# ----------------------------------------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True)
-class SavedBytes:
-    total: int
-    by_dtype: dict[str, int]
+def speed_cases(device: str = "cpu", matmul_size: int = 1024) -> dict[str, dict[str, Callable[[], None]]]:
+    """{case: {precision: fn}}: one forward+backward of the tiny GPT (batch 16) and of an n×n matmul, per precision."""
+    from m11_helpers.data import tokens
+    from m11_helpers.models import tiny_gpt
 
+    n = positive_int("matmul_size", matmul_size)
+    x, y = (t.to(device) for t in tokens(16).tensors)  # (16, 32) each
+    model = tiny_gpt(0).to(device)
 
-def saved_activation_bytes(model: nn.Module, *inputs, autocast_dtype: torch.dtype | None = None) -> SavedBytes:
-    """Bytes autograd saves for backward in one forward (deduplicated by storage, parameters excluded)."""
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    seen: dict[int, tuple[int, str]] = {}
+    def gpt_step(dtype):
+        def step():
+            with torch.autocast(device, dtype=dtype, enabled=dtype != torch.float32):
+                loss = model(x, y)
+            loss.backward()
+        return step
 
-    def pack(t: torch.Tensor):
-        ptr = t.untyped_storage().data_ptr()
-        fn = t.grad_fn  # autocast's 16-bit copy of a weight is a cast of a leaf: weights, not activations
-        weight_copy = fn is not None and type(fn).__name__ == "ToCopyBackward0" and any(
-            f is not None and type(f).__name__ == "AccumulateGrad" for f, _ in fn.next_functions)
-        if ptr not in params and not weight_copy:
-            seen[ptr] = (t.untyped_storage().nbytes(), str(t.dtype).replace("torch.", ""))
-        return t
+    def matmul(dtype):
+        a = torch.randn(n, n, device=device, dtype=dtype, requires_grad=True)  # (n, n)
+        b = torch.randn(n, n, device=device, dtype=dtype, requires_grad=True)  # (n, n)
+        return lambda: (a @ b).float().sum().backward()
 
-    ctx = torch.autocast("cpu", dtype=autocast_dtype) if autocast_dtype else torch.autocast("cpu", enabled=False)
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), ctx:
-        model(*inputs)
-    by: dict[str, int] = {}
-    for nbytes, dt in seen.values():
-        by[dt] = by.get(dt, 0) + nbytes
-    return SavedBytes(sum(by.values()), by)
+    precisions = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+    return {"tiny GPT fwd+bwd (autocast, batch 16)": {k: gpt_step(v) for k, v in precisions.items()},
+            f"{n}x{n} matmul fwd+bwd": {k: matmul(v) for k, v in precisions.items()}}
 
 
 def cpu_16bit_support() -> str:

@@ -2,41 +2,55 @@
 
     plans = plan_3d(RUNNING_EXAMPLE, SELENE, gpus=64, global_batch=512)     # feasible, best first
     megatron_rule(MEGATRON_1T, SELENE, gpus=3072, global_batch=3072)       # TP inside a node, PP to fit, DP rest
+    traffic(MEGATRON_1T, SELENE, dp=6, tp=8, pp=64, global_batch=3072)     # what each kind of parallelism sends
 
 The rule of thumb is Narayanan et al. 2021 (Megatron-LM, §3, Takeaways #1–#2): tensor parallelism up
 to the GPUs of one node (it needs NVLink: 4 all-reduces per layer per micro-batch), then pipeline
 parallelism across nodes until the model fits (point-to-point, small), then data parallelism for
-the rest. Memory: mixed-precision Adam, 16 bytes per parameter (Rajbhandari et al. 2020, ZeRO
-§3.1), activations from Korthikanti et al. 2022 (§4). Estimates, not measurements: a plan "fits"
-when it uses at most HEADROOM (80 %) of a GPU's memory, leaving room for buffers and fragmentation.
+the rest. Memory comes from the course's one owner of each figure: model states from
+`m11_helpers.model_states` (default layout "megatron": ZeRO §3.1's 16 B/param), activations from
+`m11_helpers.activations` (Korthikanti et al. 2022, §4, generalised). Estimates, not measurements: a
+plan "fits" when it uses at most HEADROOM (80 %) of a GPU's memory, leaving room for buffers and
+fragmentation.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
+from m11_helpers.activations import activation_bytes
+from m11_helpers.comm_model import ring_bytes_sent
 from m11_helpers.config import TransformerConfig, param_count
+from m11_helpers.hardware_specs import LINKS, chip
+from m11_helpers.model_states import LAYOUTS, gradient_bytes, model_state_bytes
+from m11_helpers.pipeline_comm import p2p_bytes
 from m11_helpers.validate import one_of, positive_int
 
 GB = 1e9
+GiB = 2**30
 HEADROOM = 0.8  # plan to fill 80 % of a GPU's memory: the rest goes to buffers, workspace, fragmentation (an assumption)
+# ZeRO §3.1's 16 B/param (bf16 weights + grads, fp32 master + Adam), an assumption for Megatron-LM's 2021 runs;
+# Megatron-LM's bf16 default keeps fp32 gradients (18 B, model_states "megatron-fp32-grads"): pass layout= to compare.
+LAYOUT = "megatron"
 
 
 @dataclasses.dataclass(frozen=True)
 class Cluster:
     name: str
     gpus_per_node: int
-    memory_gb: float  # per GPU
+    memory_gb: float  # per GPU, 1e9 bytes
     nvlink_gbps: float  # GB/s per GPU inside a node (one direction)
     ib_gbps: float  # GB/s per GPU between nodes (one direction)
     peak_tflops: float  # dense bf16 per GPU
 
 
-# NVIDIA Selene / DGX A100 80 GB: NVLink 3 at 300 GB/s per direction per GPU; 8× HDR InfiniBand
-# (200 Gb/s = 25 GB/s) per node, one per GPU; 312 TFLOP/s bf16 dense (A100 datasheet).
-SELENE = Cluster("DGX A100 80GB (Selene)", 8, 80.0, 300.0, 25.0, 312.0)
-# DGX H100: NVLink 4 at 450 GB/s per direction; 8× NDR 400 Gb/s = 50 GB/s per GPU; 989 TFLOP/s bf16.
-DGX_H100 = Cluster("DGX H100 80GB", 8, 80.0, 450.0, 50.0, 989.0)
+_A100 = chip("A100 SXM 80GB")
+# NVIDIA Selene / DGX A100 80GB: an "80 GB" A100 carries 80 GiB of HBM2e (85.9 GB: capacities are binary,
+# issue 20 item 1); NVLink 3 at 300 GB/s per direction per GPU; 8× HDR InfiniBand (200 Gb/s = 25 GB/s)
+# per node, one per GPU (NVIDIA DGX A100 User Guide); 312 TFLOP/s bf16 dense (A100 datasheet).
+SELENE = Cluster("DGX A100 80GB (Selene)", 8, 80 * GiB / GB, LINKS["NVLink 3 (A100)"].gbs_per_direction, 25.0,
+                 _A100.peak_tflops["bf16"])
 
 
 def _gpt(params_b: float, heads: int, hidden: int, layers: int) -> TransformerConfig:
@@ -78,47 +92,73 @@ class Plan3D:
                 f"mem {self.memory_gb['total']:6.1f} GB  bubble {self.bubble:5.1%}  step ≈ {self.step_s:6.2f} s")
 
 
-def activation_bytes_per_layer(cfg: TransformerConfig, micro_batch: int, tp: int, recompute: str = "full") -> float:
-    """s·b·h·(10 + 24/t + 5·a·s/(h·t)) bytes without recomputation; 2·s·b·h (the layer input) with full
-    recomputation; s·b·h·(10 + 24/t) with selective (Korthikanti et al. 2022, §4.1 and §5, no sequence parallel)."""
-    one_of("recompute", recompute, ("none", "selective", "full"))
-    s, b, h, a = cfg.seq_len, micro_batch, cfg.hidden, cfg.heads
-    if recompute == "full":
-        return 2 * s * b * h
-    attention_scores = 0 if recompute == "selective" else 5 * a * s / (h * tp)
-    return s * b * h * (10 + 24 / tp + attention_scores)
+def layer_params(cfg: TransformerConfig) -> int:
+    """Parameters of one transformer layer: param_count with 2 layers minus with 1 (exact)."""
+    return param_count(dataclasses.replace(cfg, layers=2)) - param_count(dataclasses.replace(cfg, layers=1))
+
+
+def first_stage_params(cfg: TransformerConfig, pp: int) -> int:
+    """Parameters on pipeline stage 0: ⌈L/p⌉ layers and the input embeddings (all of them when p = 1)."""
+    if positive_int("pp", pp) == 1:
+        return param_count(cfg)
+    embedding = cfg.vocab_size * cfg.hidden + (cfg.seq_len * cfg.hidden if cfg.learned_positions else 0)
+    return -(-cfg.layers // pp) * layer_params(cfg) + embedding
+
+
+def first_stage_activation_bytes(cfg: TransformerConfig, tp: int, pp: int, micro_batch: int = 1,
+                                 recompute: str = "full", flash: bool = False) -> int:
+    """Activations on stage 0 under 1F1B: p micro-batches of L/p layers in flight = L layers' worth (Korthikanti
+    et al. 2022, §4.2.3), + each micro-batch's embedding terms, + one layer rebuilt in backward when recomputing.
+    With p = 1 the whole model: activations.activation_bytes' total + transient."""
+    a = activation_bytes(cfg, micro_batch, recompute=recompute, tp=tp, flash=flash)
+    if positive_int("pp", pp) == 1:
+        return a["total"] + a["transient"]
+    embedding = a["outside_breakdown"]["token ids"] + a["outside_breakdown"]["embedding dropout"]
+    return cfg.layers * a["per_layer"] + pp * embedding + a["transient"]
 
 
 def memory_per_gpu(cfg: TransformerConfig, tp: int, pp: int, dp: int = 1, micro_batch: int = 1,
-                   recompute: str = "full", zero1: bool = False) -> dict:
-    """GB on the busiest GPU (the first stage): 16·N/(t·p) for states (+ its embedding slice), and
-    L layers' activations (1F1B keeps p micro-batches of L/p layers in flight, Korthikanti §4.2.3)."""
+                   recompute: str = "full", zero1: bool = False, layout: str = LAYOUT, flash: bool = False) -> dict:
+    """GB on the busiest GPU (the first stage): model states of its parameters ÷ t (model_states; ZeRO-1 shards
+    master + Adam over dp, ZeRO §5.1) and its activations (`first_stage_activation_bytes`)."""
     for name, v in (("tp", tp), ("pp", pp), ("dp", dp), ("micro_batch", micro_batch)):
         positive_int(name, v)
-    n = param_count(cfg)
-    embedding = cfg.vocab_size * cfg.hidden
-    per_layer = (n - embedding) / cfg.layers
-    first_stage = (per_layer * -(-cfg.layers // pp) + embedding) / tp  # parameters on stage 0's GPUs
-    bytes_per_param = 4 + (12 / dp if zero1 else 12)  # bf16 weight + grad; fp32 master, m, v
-    states = first_stage * bytes_per_param
-    acts = cfg.layers * activation_bytes_per_layer(cfg, micro_batch, tp, recompute)
-    if recompute == "full":  # one layer's activations exist again while it is recomputed
-        acts += activation_bytes_per_layer(cfg, micro_batch, tp, "none")
+    one_of("layout", layout, LAYOUTS)
+    params = -(-first_stage_params(cfg, pp) // tp)  # Megatron shards the vocabulary embedding over t too
+    states = model_state_bytes(params, layout, world_size=dp, zero_stage=1 if zero1 else 0)["total"]
+    acts = first_stage_activation_bytes(cfg, tp, pp, micro_batch, recompute, flash)
     return {"states": states / GB, "activations": acts / GB, "total": (states + acts) / GB}
 
 
-def comm_per_step(cfg: TransformerConfig, tp: int, pp: int, dp: int, micro_batch: int, microbatches: int) -> dict:
+def comm_per_step(cfg: TransformerConfig, tp: int, pp: int, dp: int, micro_batch: int, microbatches: int,
+                  layout: str = LAYOUT) -> dict:
     """GB each GPU sends per step: TP 4 ring all-reduces of b·s·h·2 bytes per layer per micro-batch
-    (Shoeybi et al. 2019, §3); PP b·s·h·2 bytes forward and back per micro-batch (Narayanan §3.2);
-    DP one ring all-reduce of its 2-byte gradients (2(d−1)/d × payload)."""
+    (Shoeybi et al. 2019, §3), 2(t−1)/t of each (`comm_model.ring_bytes_sent`); PP one b·s·h·2-byte message
+    forward and one back per micro-batch (`pipeline_comm.p2p_bytes`, Narayanan et al. 2021, §3.2); DP one ring
+    all-reduce of its gradients (`model_states.gradient_bytes`)."""
     for name, v in (("tp", tp), ("pp", pp), ("dp", dp), ("micro_batch", micro_batch), ("microbatches", microbatches)):
         positive_int(name, v)
-    act = micro_batch * cfg.seq_len * cfg.hidden * 2
+    act = p2p_bytes(micro_batch, cfg.seq_len, cfg.hidden)
     layers_here = cfg.layers / pp
-    tp_bytes = 4 * layers_here * microbatches * act * 2 * (tp - 1) / tp
+    tp_bytes = 4 * layers_here * microbatches * ring_bytes_sent(act, tp)
     pp_bytes = 2 * microbatches * act if pp > 1 else 0.0
-    dp_bytes = 2 * (dp - 1) / dp * 2 * param_count(cfg) / (tp * pp)
+    dp_bytes = ring_bytes_sent(gradient_bytes(math.ceil(param_count(cfg) / (tp * pp)), layout), dp)
     return {"tp": tp_bytes / GB, "pp": pp_bytes / GB, "dp": dp_bytes / GB}
+
+
+def traffic(cfg: TransformerConfig, cluster: Cluster, dp: int, tp: int, pp: int, global_batch: int,
+            micro_batch: int = 1) -> list[dict]:
+    """Per kind of parallelism: GB each GPU sends per step, how many operations, and seconds on NVLink vs
+    InfiniBand: why Megatron-LM puts TP inside a node and PP across nodes (Narayanan et al. 2021, §3)."""
+    m = global_batch // (positive_int("dp", dp) * positive_int("micro_batch", micro_batch))
+    comm = comm_per_step(cfg, tp, pp, dp, micro_batch, m)
+    ops = {"tp": 4 * cfg.layers // pp * m if tp > 1 else 0, "pp": 2 * m if pp > 1 else 0, "dp": 1 if dp > 1 else 0}
+    what = {"tp": "all-reduce of activations, 4 per layer per micro-batch",
+            "pp": "activations to the next stage, gradients back, per micro-batch",
+            "dp": "all-reduce of the gradients, once per step"}
+    return [{"kind": k.upper(), "degree": {"tp": tp, "pp": pp, "dp": dp}[k], "sends": what[k], "GB": comm[k],
+             "operations": ops[k], "nvlink_s": comm[k] / cluster.nvlink_gbps, "ib_s": comm[k] / cluster.ib_gbps}
+            for k in ("tp", "pp", "dp")]
 
 
 def _divisors(n: int) -> list[int]:
@@ -172,7 +212,8 @@ def megatron_rule(cfg: TransformerConfig, cluster: Cluster, gpus: int, global_ba
     for name, v in (("gpus", gpus), ("global_batch", global_batch), ("micro_batch", micro_batch)):
         positive_int(name, v)
     for size in _divisors(gpus):
-        tp = max(t for t in _divisors(min(size, cluster.gpus_per_node)) if size % t == 0 and cfg.heads % t == 0)
+        tp = max(t for t in _divisors(min(size, cluster.gpus_per_node))
+                 if size % t == 0 and cfg.heads % t == 0 and cfg.ffn_hidden % t == 0)
         pp, dp = size // tp, gpus // size
         if cfg.layers % pp or global_batch % (dp * micro_batch):
             continue

@@ -192,12 +192,6 @@ def all_reduces_per_layer(batch: int, seq_len: int, hidden: int, bytes_per_eleme
     return {"forward": 2, "backward": 2, "bytes_each": size, "bytes_total": 4 * size}
 
 
-def ring_bytes_per_rank(payload: int, world: int) -> float:
-    """A ring all-reduce sends 2(w−1)/w × payload bytes per rank (Patarasuk & Yuan 2009)."""
-    positive_int("world", world)
-    return 2 * (world - 1) / world * payload
-
-
 def parallelize_mlp(mlp: nn.Module, mesh) -> nn.Module:
     """The same MLP with DTensor: fc ColwiseParallel, proj RowwiseParallel (weights become DTensor shards)."""
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module

@@ -22,6 +22,7 @@ from typing import Iterable
 import torch
 import torch.distributed as dist
 
+from m11_helpers.collectives import backend_all_gather, backend_reduce_scatter
 from m11_helpers.validate import non_negative_real
 
 __all__ = ["ShardedAdamW", "adamw_update", "compare_with_adamw", "zero_redundancy_report",
@@ -86,7 +87,7 @@ class ShardedAdamW:
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
         flat_grad = self._flat(grads)  # (N·S,) this rank's local gradient, every slice
         grad_shard = torch.empty(s, dtype=flat_grad.dtype)  # (S,)
-        dist.reduce_scatter_single(grad_shard, flat_grad, op=dist.ReduceOp.SUM, group=self.group)
+        backend_reduce_scatter(grad_shard, flat_grad, group=self.group)  # sums; *_single or the older name
         grad_shard = grad_shard.float().div_(n)  # the average, as DDP would have it
         start = self.rank * s
         if self.master is not None:
@@ -98,7 +99,7 @@ class ShardedAdamW:
         adamw_update(param_shard, grad_shard, self.exp_avg, self.exp_avg_sq, self.step_count,
                      self.lr, b1, b2, self.eps, self.weight_decay)
         full = torch.empty(n * s, dtype=self.dtype)  # (N·S,)
-        dist.all_gather_single(full, param_shard.to(self.dtype), group=self.group)
+        backend_all_gather(full, param_shard.to(self.dtype), group=self.group)
         offset = 0
         for p in self.params:  # unflatten: every rank holds the full, updated parameters again
             p.copy_(full[offset:offset + p.numel()].view_as(p))

@@ -3,8 +3,17 @@
 1. Lesson 00's deck, opened from disk with every host name unresolvable: reveal.js starts, the right
    arrow key and `Reveal.next()` step through the slides, and nothing outside the deck's folder is
    requested.
-2. JupyterLab on a free port with a known token: open the ZeRO memory lab, *Run ▸ Run All Cells* from
-   the menu, drag the "GPUs (N)" slider, and see the plot and the summary change.
+1b. Every course deck, built from this session's executed notebooks (outputs and plots, as
+   `m11 course` builds them) where fresh: on no slide is a line of code or output cut at an edge
+   (tests/support/decks.py), proven able to fail on a deck whose wrapping is switched off.
+2. JupyterLab on a free port with a known token: RISE typesets a formula; open the ZeRO memory lab,
+   *Run ▸ Run All Cells* from the menu, drag the "GPUs (N)" slider, and see the plot and the summary
+   change. JupyterLab 4 renders only the cells in view (windowing): a plot below the fold is not in
+   the page at all, so the test scrolls to it as a reader would — with a setup cell five lines
+   longer the old test failed every time on that alone, and a cold first layout at the edge of the
+   viewport fails it the same way now and then. It waits on the kernel's progress (cell by cell,
+   failing on a stall and naming the cell), not on a fixed clock, warms matplotlib's font cache as
+   set-up does, and prints how long each phase took.
 
 Screenshots go to build/test-artifacts/browser/. Both tests skip, saying why, without Chromium.
 The lab test opens a copy of course/05_zero_fsdp.ipynb cut to its title, setup and lab cells (the
@@ -24,7 +33,10 @@ import pytest
 
 from m11_helpers.tools.assets import assets_dir, installed
 from m11_helpers.tools.slides import build_deck
-from support.browser import Chromium, JupyterLab, find_chromium, wait_for
+from support.browser import Chromium, JupyterLab, find_chromium, wait_for, wait_for_cells, warm_font_cache
+from support.decks import MEASURE as MEASURE_ONE
+from support.decks import SETUP as SETUP_SLIDES
+from support.decks import deck_sources, measure_deck
 
 REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = REPO / "build" / "test-artifacts" / "browser"
@@ -92,6 +104,43 @@ def test_lesson_00_deck_steps_through_slides_offline(tmp_path: Path) -> None:
         assert page.evaluate("document.querySelector('.slides').innerText").count("Traceback") == 0
 
 
+UNWRAPPED = """const s = document.createElement('style'); document.head.appendChild(s);
+s.textContent = '.reveal div.highlight > pre { white-space: pre !important; overflow: visible !important } '
+  + '.reveal .jp-OutputArea-output { overflow: visible !important; max-height: none !important }';"""
+
+
+@needs_assets
+@pytest.mark.slow
+@pytest.mark.after_course  # runs after the course notebooks, whose executed copies it presents
+def test_no_slide_of_any_deck_cuts_code_or_output_at_an_edge(tmp_path: Path) -> None:
+    long = "x = " + " + ".join(f"value_{i}" for i in range(40))  # ~400 characters of code
+    probe = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# Wide lines"),
+                                            nbformat.v4.new_code_cell(long)])
+    probe.cells[1].outputs = [nbformat.v4.new_output("stream", text="-" * 400 + "\n")]
+    nbformat.write(probe, tmp_path / "wide.ipynb")
+    sources = deck_sources()
+    decks = {stem: build_deck(path, tmp_path / "slides") for stem, (path, _) in sources.items()}
+    wide = build_deck(tmp_path / "wide.ipynb", tmp_path / "slides")
+    reports = {}
+    with Chromium(offline=True, width=1280, height=720) as page:
+        assert measure_deck(page, wide)["cut"] == [], "a 400-character line must wrap / scroll in its box"
+        page.evaluate(UNWRAPPED)  # the control: the same deck, still open, with our wrapping switched off
+        cut = [c for h, v in page.evaluate(SETUP_SLIDES) for c in page.evaluate(MEASURE_ONE % (h, v))["cut"]]
+        assert cut, "the measurement must see a line cut at the edge when wrapping is off"
+        for stem, deck in decks.items():
+            reports[stem] = measure_deck(page, deck)
+    executed = [s for s, (_, ran) in sources.items() if ran]
+    summary = {s: (r["slides"], len(r["tall"]), r["images"]) for s, r in reports.items()}
+    print(f"\ndecks (slides, slides that scroll vertically, plots): {summary}; from executed notebooks: {executed}")
+    assert all(r["slides"] > 3 for r in reports.values()), summary
+    bad = {s: r["cut"][:5] for s, r in reports.items() if r["cut"]}
+    assert not bad, f"slides whose code or output is cut at an edge (slide, what, content px, box px, text): {bad}"
+    for stem in executed:  # a deck built from an executed notebook shows its plots
+        nb = nbformat.read(sources[stem][0], as_version=4)
+        plots = sum("image/png" in o.get("data", {}) for c in nb.cells for o in c.get("outputs", []))
+        assert reports[stem]["images"] >= min(plots, 1), (stem, plots, reports[stem]["images"])
+
+
 # ------------------------------------------------------------------------------------------------
 # 2. the ZeRO memory lab in JupyterLab, driven by the mouse
 # ------------------------------------------------------------------------------------------------
@@ -122,8 +171,11 @@ def lab_notebook(course: Path) -> tuple[str, int]:
             return ZERO_LESSON.name, sum(c.cell_type == "code" for c in nb.cells)
         if lab:
             setup = [c for c in nb.cells[: lab[0]] if c.cell_type == "code" and "setup(" in c.source]
+            # the lesson's import cells before the lab (where `memory_lab` comes from)
+            setup += [c for c in nb.cells[: lab[0]] if c.cell_type == "code" and c not in setup and all(
+                not line.strip() or line.lstrip().startswith(("import ", "from ", "#")) for line in c.source.splitlines())]
             heading = nb.cells[lab[0] - 1] if nb.cells[lab[0] - 1].cell_type == "markdown" else None
-            nb.cells = [nb.cells[0], *setup[:1], nbformat.v4.new_code_cell("from m11_helpers import zero"),
+            nb.cells = [nb.cells[0], *setup, nbformat.v4.new_code_cell("from m11_helpers import zero"),
                         *([heading] if heading else []), nb.cells[lab[0]]]
             nbformat.write(nb, course / "05_zero_fsdp_lab.ipynb")
             return "05_zero_fsdp_lab.ipynb", sum(c.cell_type == "code" for c in nb.cells)
@@ -159,9 +211,22 @@ def test_zero_memory_lab_runs_in_jupyterlab_and_slider_redraws(tmp_path: Path) -
     shots = ARTIFACTS / "lab"
     shutil.rmtree(shots, ignore_errors=True)
     slow = 4 if FULL else 1
+    timings = {"font cache": warm_font_cache()}  # what set-up does (Makefile); a no-op when warm
+    math = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(
+        "# Math\n\n$\\nabla L = \\frac{1}{N}\\sum_i \\nabla L_i$")])
+    math.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(math, course / "math.ipynb")
+    start = time.monotonic()
     with JupyterLab(course) as lab, Chromium(offline=True, height=900) as page:
+        timings["server"] = round(time.monotonic() - start, 1)
+        # RISE (jupyterlab-rise) shows a notebook as slides; its math must typeset (JupyterLab's MathJax 3)
+        page.goto(lab.url("rise/math.ipynb"), timeout=90)
+        wait_for(lambda: page.evaluate("document.querySelectorAll('.jp-RenderedMarkdown mjx-container').length"),
+                 60, "RISE to typeset the formula")
+        timings["rise math"] = round(time.monotonic() - start, 1)
         page.goto(lab.url(f"lab/tree/{name}"), timeout=90)
         wait_for(lambda: page.evaluate(NOTEBOOK_READY), 90, f"{name} to open with an idle kernel")
+        timings["opened"] = round(time.monotonic() - start, 1)
         page.screenshot(shots / "01-opened.png")
 
         page.click("li.lm-MenuBar-item", "Run")  # Run ▸ Run All Cells, with the mouse
@@ -170,10 +235,22 @@ def test_zero_memory_lab_runs_in_jupyterlab_and_slider_redraws(tmp_path: Path) -
         page.click(run_all)
 
         def settled():
+            # scroll to the end as a reader would: JupyterLab 4 renders only the cells in view (windowing)
+            page.evaluate("document.querySelectorAll('.jp-NotebookPanel .jp-WindowedPanel-outer, .jp-NotebookPanel "
+                          ".jp-Notebook').forEach(e => { e.scrollTop = e.scrollHeight; })")
             state = page.evaluate(LAB_STATE)
             return state if state and state["img"].startswith("data:image/png") and state["summary"] else None
 
-        before = wait_for(settled, 60 * slow, "the lab's plot to appear")
+        # Wait on the kernel's progress, not on a fixed clock: a cold or loaded 2-core machine spends
+        # tens of seconds in the setup cell's imports (torch, matplotlib's font cache on a fresh
+        # machine) before the lab cell even starts. Fail on a stall, saying which cell it was in.
+        done = wait_for_cells(page, code_cells, stall=120 * slow, limit=400 * slow)
+        timings["cells"] = done
+        try:
+            before = wait_for(settled, 30, f"the lab's plot to appear once every cell ran (cells: {done})")
+        except TimeoutError:
+            page.screenshot(shots / "02-no-plot.png")
+            raise
         wait_for(lambda: page.evaluate(NOTEBOOK_READY), 30 * slow, "the kernel to finish")
         prompts = page.evaluate("[...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')]"
                                 ".map(e => e.textContent.trim())")
@@ -196,3 +273,5 @@ def test_zero_memory_lab_runs_in_jupyterlab_and_slider_redraws(tmp_path: Path) -
         page.screenshot(shots / "03-slider-moved.png")
         assert int(after["readout"]) > int(before["readout"])
         assert after["img"] != before["img"], "the slider moved but the plot did not change"
+    print(f"\nJupyterLab lab test, seconds since start: {timings}")
+

@@ -27,7 +27,7 @@ from m11_helpers.launch import launch, launch_script
 from m11_helpers.models import tiny_gpt
 from m11_helpers.resources import script_path
 
-SCRIPT = script_path("train.py")
+SCRIPT = script_path("capstone_harness.py")
 
 
 def test_param_shapes_count_the_tiny_gpt_exactly():

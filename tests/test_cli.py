@@ -32,6 +32,24 @@ def test_every_subcommand_refuses_an_unknown_flag_with_exit_2(command):
     assert "Traceback" not in out.stderr, out.stderr
 
 
+@pytest.mark.parametrize("command", ["course", "slides", "make-exercises", "new-lesson 98 demo"])
+def test_commands_that_need_the_repository_say_so_outside_it_with_exit_2(command, tmp_path):
+    out = m11(*command.split(), cwd=tmp_path)
+    assert out.returncode == 2, (command, out.stdout, out.stderr)
+    assert "Traceback" not in out.stderr and "run inside the course repository" in out.stderr, out.stderr
+
+
+def test_slides_outside_the_repository_with_a_notebook_builds_a_cdn_deck(tmp_path, monkeypatch):
+    import nbformat
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# Alone")])
+    nbformat.write(nb, tmp_path / "alone.ipynb")
+    monkeypatch.chdir(tmp_path)  # in-process: the subprocess tests above already cover the exit codes' path
+    assert main(["slides", "alone.ipynb", "--cdn"]) == 0
+    assert (tmp_path / "slides" / "alone.slides.html").is_file() and (tmp_path / "slides" / "index.html").is_file()
+    assert main(["slides", "missing.ipynb", "--cdn"]) == 2
+
+
 def test_unknown_command_exits_2():
     out = m11("frobnicate")
     assert out.returncode == 2 and "unknown command" in out.stderr

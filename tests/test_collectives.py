@@ -12,6 +12,8 @@ from m11_helpers.collectives import (
     backend_all_gather,
     backend_reduce_scatter,
     bandwidth_sweep,
+    hierarchical_all_reduce,
+    node_and_rail_groups,
     ring_all_gather,
     ring_all_reduce,
     ring_chunks,
@@ -74,10 +76,61 @@ def test_fit_recovers_alpha_and_beta():
 
 def test_seven_b_gradient_on_nvlink_is_tens_of_milliseconds():
     from m11_helpers.config import RUNNING_EXAMPLE, param_count
+    from m11_helpers.model_states import gradient_bytes
 
-    S = param_count(RUNNING_EXAMPLE) * 2  # bf16 gradients
+    psi = param_count(RUNNING_EXAMPLE)
+    S = gradient_bytes(psi, "megatron")  # bf16 gradients (ZeRO §3.1 layout)
+    assert S == 2 * psi and gradient_bytes(psi, "autocast") == 4 * psi  # torch.amp reduces fp32 gradients
     t = cm.ring_allreduce_time(S, 8, cm.NVLINK_H100.alpha, cm.NVLINK_H100.beta)
     assert t == pytest.approx(2 * 7 / 8 * S / 450e9, rel=1e-3) and 0.05 < t < 0.06
+    assert cm.ring_bytes_sent(S, 8) / 1e9 == pytest.approx(23.6, abs=0.05)  # lesson 05 prints the same figure
+
+
+def test_half_bandwidth_size_is_where_busbw_is_half_the_peak():
+    alpha, beta = 5e-6, 1 / 50e9
+    for n in (2, 8, 1024):
+        s = cm.half_bandwidth_bytes(n, alpha, beta)
+        assert s == pytest.approx(n * alpha / beta)
+        t = cm.ring_allreduce_time(s, n, alpha, beta)
+        assert cm.busbw("all_reduce", s, t, n) == pytest.approx(0.5 / beta)  # Hockney's n½
+    assert cm.half_bandwidth_bytes(1024, alpha, beta) == pytest.approx(256e6)  # 1024 ranks: 256 MB to reach half
+    with pytest.raises(ValueError, match="beta"):
+        cm.half_bandwidth_bytes(4, alpha, 0)
+
+
+def test_rails_make_the_inter_node_ring_eight_times_faster():
+    hgx, one = cm.HGX_H100, cm.ONE_NIC_H100
+    assert (hgx.rails, one.rails) == (8, 1)
+    assert hgx.network_bandwidth() == 400e9 and one.network_bandwidth() == 50e9  # 8 × 400 Gb/s vs 1
+    assert hgx.rail_link().bandwidth == cm.IB_400G.bandwidth  # one NIC per GPU: each GPU's rail is one port
+    assert one.rail_link().bandwidth == pytest.approx(50e9 / 8)  # eight GPUs share one port
+    S = 27e9
+    flat_one = cm.cluster_allreduce_time(S, 2, one)
+    flat_hgx = cm.cluster_allreduce_time(S, 2, hgx)
+    assert flat_one == pytest.approx(2 * 15 / 16 * S / 50e9 + 30 * 5e-6)  # the old "per 400 Gb/s hop" figure
+    assert flat_hgx == pytest.approx(2 * 15 / 16 * S / 400e9 + 30 * 5e-6)  # NIC-bound (400 < 450 GB/s NVLink)
+    assert flat_one / flat_hgx == pytest.approx(8, rel=1e-2)
+    # one node: no network at all, a ring over NVLink
+    assert cm.cluster_allreduce_time(S, 1, hgx) == cm.ring_allreduce_time(S, 8, cm.NVLINK_H100.alpha, cm.NVLINK_H100.beta)
+    assert cm.inter_node_bytes(S, 1, 8) == 0.0
+
+
+def test_hierarchical_moves_fewer_bytes_across_nodes_and_takes_fewer_steps():
+    hgx, one = cm.HGX_H100, cm.ONE_NIC_H100
+    S = 27e9
+    # per node on the network: 2(N-1)/N·S for the flat ring, 2(nodes-1)/nodes·S hierarchical (half at 2 nodes)
+    assert cm.inter_node_bytes(S, 2, 8, "ring") == pytest.approx(2 * 15 / 16 * S)
+    assert cm.inter_node_bytes(S, 2, 8, "hierarchical") == pytest.approx(S)
+    # network-bound (one NIC): hierarchical wins; with 8 rails the flat ring is NIC-efficient already and the
+    # hierarchical's NVLink phases (not overlapped with the network in this model) make it slower
+    assert cm.cluster_allreduce_time(S, 2, one, "hierarchical") < cm.cluster_allreduce_time(S, 2, one, "ring")
+    assert cm.cluster_allreduce_time(S, 2, hgx, "hierarchical") > cm.cluster_allreduce_time(S, 2, hgx, "ring")
+    # latency: 2(N-1) ring steps vs 2(g-1) + 2(nodes-1); at 1024 GPUs and 1 KB the hierarchical wins
+    assert cm.cluster_allreduce_time(1e3, 128, hgx, "hierarchical") < cm.cluster_allreduce_time(1e3, 128, hgx) / 5
+    with pytest.raises(ValueError, match="algorithm"):
+        cm.cluster_allreduce_time(S, 2, hgx, "tree")
+    with pytest.raises(ValueError, match="nics"):
+        cm.Fabric("broken", 8, cm.NVLINK_H100, cm.IB_400G, 0, "none")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -150,6 +203,35 @@ def _sweep_and_guarded_ops():
     backend_reduce_scatter(torch.empty(2), torch.ones(2 * n))
     backend_all_gather(torch.empty(2 * n), torch.ones(2))
     return bandwidth_sweep([64, 4096], budget_s=0.01, max_iters=2)
+
+
+def _hierarchical(gpus_per_node, numel):
+    from m11_helpers.grading.observe import record_comm
+
+    rank = dist.get_rank()
+    with pytest.raises(ValueError, match="gpus_per_node"):
+        node_and_rail_groups(dist.get_world_size() + 1)  # refused before any group is made
+    node, rail = node_and_rail_groups(gpus_per_node)
+    x = _inputs(rank, numel)
+    before = x.clone()
+    with record_comm() as log:
+        out = hierarchical_all_reduce(x, node, rail)
+    return out, torch.equal(x, before), [(e.op, e.group, e.nbytes) for e in log.events]
+
+
+@pytest.mark.parametrize("nodes,g", [(2, 2), (3, 2)])
+def test_hierarchical_all_reduce_equals_one_process_sum_and_crosses_nodes_with_a_shard(nodes, g):
+    n, numel = nodes * g, 12
+    results = launch(_hierarchical, g, numel, num_processes=n, show_output=False)
+    total = sum(_inputs(r, numel) for r in range(n))  # the one-process reference
+    for rank, (out, untouched, events) in enumerate(results):
+        assert_close(out, total, rtol=1e-5, atol=1e-5)
+        assert untouched
+        node = tuple(range(rank // g * g, rank // g * g + g))
+        rail = tuple(range(rank % g, n, g))
+        assert [(op, grp) for op, grp, _ in events] == [("reduce_scatter_single", node), ("all_reduce", rail),
+                                                        ("all_gather_single", node)]
+        assert events[1][2] == numel * 4 // g  # only the 1/g shard crosses nodes
 
 
 def test_sweep_checks_results_and_reports_rows():

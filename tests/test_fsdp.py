@@ -1,10 +1,13 @@
-"""FSDP2 on a CPU mesh: Ψ/N per rank measured, gradients equal DDP's, 2Ψ vs 3Ψ counted; Accelerate's CPU fallback."""
+"""FSDP2 on a CPU mesh: Ψ/N per rank measured, gradients equal DDP's, 2Ψ vs 3Ψ counted, one block at a time
+measured (live_memory); Accelerate's CPU fallback."""
 
 import pytest
+import torch
 
 from m11_helpers.config import TINY_GPT, param_count
-from m11_helpers.fsdp import TrafficCounter, accelerate_fsdp_probe, fsdp_step_report, is_sharded
+from m11_helpers.fsdp import TrafficCounter, accelerate_fsdp_probe, fsdp_memory_report, fsdp_step_report, is_sharded
 from m11_helpers.launch import launch
+from m11_helpers.live_memory import track_live_bytes
 from m11_helpers.models import mlp
 
 PSI = param_count(TINY_GPT)
@@ -58,3 +61,45 @@ def test_accelerate_launch_refuses_use_fsdp_with_cpu(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert run.returncode != 0 and "ran" not in run.stdout
     assert "only use one of `--cpu`" in run.stderr
+
+
+def test_live_bytes_follow_storages_not_tensors():
+    weights = [torch.randn(64, 64) for _ in range(4)]  # (64, 64) each: 16 KiB, made before the block
+    layer = 64 * 64 * 4
+
+    def forward(keep):
+        x, kept = torch.randn(2, 64), []  # (2, 64)
+        for w in weights:
+            full = w.clone()  # a "gathered" copy: 16 KiB the block allocates
+            x = x @ full.t()  # (2, 64)
+            if keep:
+                kept.append(full)
+            del full
+        return x, kept
+
+    for keep in (False, True):
+        with track_live_bytes() as mem:
+            x, kept = forward(keep)
+            mem.phase("after")
+            del kept
+            mem.phase("freed")
+        held = (4 if keep else 1) * layer  # one gathered copy at a time, or all four
+        assert held < mem.peaks["start"] <= held + 2 * x.numel() * 4  # + the old and the new x, at most
+        assert mem.peaks["after"] == (4 * layer if keep else 0) + x.numel() * 4
+        assert mem.peaks["freed"] == x.numel() * 4
+    with track_live_bytes() as mem:  # views of tensors made before the block cost nothing
+        for w in weights:
+            w.t()[:, 0].view(-1)[:10].sum()  # view ops only; the sum allocates 4 bytes
+        buf = torch.empty(0)  # a storage resized inside the block counts by its growth
+        buf.resize_(1000)
+    assert mem.now() == mem.peak == 4 * 1000  # the views cost nothing, each 4-byte sum died at once
+
+
+def test_fsdp2_frees_each_block_after_its_forward_unless_told_not_to():
+    out = launch(fsdp_memory_report, num_processes=2, show_output=False)
+    for r in out:
+        block, base = r["block_bytes"], r["unsharded"]["after forward"]
+        kept = {case: (r[f"reshard_after_forward={case}"]["after forward"] - base) / block for case in (True, False)}
+        assert round(kept[True]) == 0  # ZeRO-3: nothing gathered outlives its block's forward
+        assert round(kept[False]) == TINY_GPT.layers  # every block stays gathered until backward
+        assert r["reshard_after_forward=True"]["forward peak"] < r["reshard_after_forward=False"]["forward peak"]

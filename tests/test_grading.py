@@ -3,15 +3,24 @@
 Fixtures (tests/data/grading/): `solutions/00_demo.ipynb` (2 exercises: 0.1 for 2 points, 0.2 for
 3, hidden tests in both checks), the generated `exercises/00_demo.ipynb`, and submissions that get
 0.2 wrong (and "fix" its visible test), hang, ignore SIGINT while hanging, kill the kernel, leave a
-daemon behind, or print megabytes. Each grading run costs a pytest process and a kernel (~3 s).
+daemon behind, print megabytes, or keep `launch` ranks running (`ranks`: the termination tests).
+`tamper_source/01_tamper.ipynb` has 15 one-line exercises and `submissions/tamper/` cheats on 14 of
+them, one trick each (graded once, checked case by case). Each grading run costs a pytest process
+and a kernel (~3 s quiet; the tamper run imports torch and launches ranks, ~10 s).
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import os
+import random
 import shutil
+import signal
+import subprocess
+import sys
 import time
+import uuid
 from pathlib import Path
 
 import nbformat
@@ -19,6 +28,9 @@ import psutil
 import pytest
 
 from m11_helpers.grading import checks, exercises, grader
+from m11_helpers.grading.guard import defined_names, free_names, library_roots
+from m11_helpers.grading.runner import RUN_ENV
+from m11_helpers.procs import subreaper
 from m11_helpers.tools.notebooks import dumps, from_percent
 
 DATA = Path(__file__).parent / "data" / "grading"
@@ -165,12 +177,12 @@ def test_exercise_scores_zero_runs_to_the_end_and_writes_reports(work: Path) -> 
 
 @pytest.mark.parametrize("variant", ["hang", "sigint"])
 def test_hanging_cell_is_stopped_and_the_rest_graded(work: Path, variant: str) -> None:
-    start = time.monotonic()
     rc, data = _grade(work, str(work / "submissions" / variant), "--cell-timeout", "3",
-                      "--notebook-timeout", "60")
+                      "--notebook-timeout", "600")
     assert rc == 0 and _scores(data) == {"0.1": 0, "0.2": 3}
+    # the cell timeout stopped it (not the notebook's limit, which would leave 0.2 ungraded and say so)
     assert "Timeout of 3 seconds" in data["notebooks"][0]["exercises"][0]["why"]
-    assert time.monotonic() - start < 60
+    assert not any("wall-clock limit" in n for n in data["notebooks"][0]["notes"])
 
 
 def test_kernel_killer_is_graded_past_its_death(work: Path) -> None:
@@ -180,7 +192,10 @@ def test_kernel_killer_is_graded_past_its_death(work: Path) -> None:
     assert "kernel died" in data["notebooks"][0]["exercises"][0]["why"]
 
 
-def test_daemons_and_children_are_killed(work: Path) -> None:
+def test_daemons_and_children_are_killed(work: Path, monkeypatch) -> None:
+    # unsandboxed: the grader's own cleanup (subreaper + kill), not bubblewrap's pid namespace, is under test,
+    # and the notebook writes its pid files into its own folder rather than the sandbox's private copy
+    monkeypatch.setenv("M11_GRADE_SANDBOX", "off")
     folder = work / "submissions" / "daemon"
     rc, data = _grade(work, str(folder), "--cell-timeout", "20")
     assert _scores(data) == {"0.1": 2, "0.2": 3}
@@ -216,3 +231,132 @@ def test_reports_are_written_from_the_result_types(tmp_path: Path) -> None:
     assert data["notebooks"][0]["exercises"][1]["why"].startswith("Exercise 0.2")
     assert "0.2" in (tmp_path / "report.md").read_text()
     assert plugin.LOG_ENV == "M11_GRADE_LOG"  # the grader and its plugin agree on where records go
+
+
+# ---------------------------------------------------------------- tampering (one graded run, case by case)
+
+# exercise -> (points, what the report's tampering must say; None: a plain failure, nothing flagged)
+TAMPER_CASES = {
+    "1.1": (1, None),  # honest and right: full marks, nothing flagged
+    "1.2": (0, "the name expect_equal was rebound in the notebook"),
+    "1.3": (0, "m11_helpers.grading.checks was patched (expect_equal, passed)"),
+    "1.4": (0, "m11_helpers.launch was patched (launch)"),
+    "1.5": (0, None),  # a printed pass line earns nothing: the grader scores cell outcomes
+    "1.6": (0, "a custom exception handler was installed (set_custom_exc)"),
+    "1.7": (0, "shell.input_transformer_manager.cleanup_transforms holds code from the notebook"),
+    "1.8": (0, "shell.ast_transformers holds code from the notebook"),
+    "1.9": (0, "shell.events.callbacks holds code from the notebook"),
+    "1.10": (0, "a trace or profile function (sys.settrace/sys.setprofile) was left installed"),
+    "1.11": (0, "builtins.abs was replaced"),
+    "1.12": (0, "on_ranks, which the course defines, was redefined in the notebook"),
+    "1.13": (0, None),  # an edited course cell: the course's version ran after it; the wrong answer just fails
+    "1.14": (0, "torch.allclose was replaced by code from the notebook"),
+    "1.15": (0, "the grader's guard could not check this cell"),  # right answer, guard stopped: fails closed
+}
+
+
+@pytest.fixture(scope="module")
+def tampered(tmp_path_factory) -> tuple[dict, Path]:
+    """`m11 grade` of the tamper submission against its source, once for every case below."""
+    work = tmp_path_factory.mktemp("tamper")
+    shutil.copytree(DATA / "submissions" / "tamper", work / "submission")
+    out = work / "reports"
+    grader.main([str(work / "submission"), "--source", str(DATA / "tamper_source"), "--out", str(out),
+                 "--cell-timeout", "60"])
+    return json.loads((out / "report.json").read_text()), out
+
+
+@pytest.mark.parametrize("exercise", list(TAMPER_CASES))
+def test_tampering_scores_zero_and_is_named(tampered, exercise: str) -> None:
+    data, _ = tampered
+    result = {e["exercise"]: e for e in data["notebooks"][0]["exercises"]}[exercise]
+    points, flag = TAMPER_CASES[exercise]
+    assert result["points"] == points, result
+    if flag is None:
+        assert result["tampering"] == [], result
+    else:
+        assert any(flag in t for t in result["tampering"]), result["tampering"]
+        assert result["why"].startswith("tampering: ")
+
+
+def test_tampering_is_flagged_in_every_report(tampered) -> None:
+    data, out = tampered
+    flagged = [e["exercise"] for e in data["notebooks"][0]["exercises"] if e["tampering"]]
+    assert flagged == [ex for ex, (_, flag) in TAMPER_CASES.items() if flag]
+    assert "m11_helpers.grading.observe was patched (record_comm)" in str(data)  # 1.3 patched observe too
+    md = (out / "report.md").read_text()
+    assert all(f"TAMPERING in exercise {ex} (scored 0)" in md for ex in flagged)
+    assert (out / "junit.xml").read_text().count('type="tampering"') == len(flagged)
+
+
+def test_guard_code_imports_cleanly_and_is_what_the_kernel_gets() -> None:
+    from m11_helpers.grading import guard, guard_kernel, guard_ledger
+
+    assert guard_kernel.A == {} and not hasattr(guard_ledger, "OUT")  # imported, it runs nothing
+    parts = guard.Guard(None).parts
+    assert parts == tuple(Path(m.__file__).read_text(encoding="utf-8") for m in (guard_kernel, guard_ledger))
+    for text in parts:
+        compile(text, "<m11-guard>", "exec")
+
+
+def test_names_a_cell_defines_and_reads() -> None:
+    src = "import torch\nfrom m11_helpers.launch import launch as run\n\n\ndef on_ranks(fn):\n    return run(fn)\n"
+    assert defined_names(src) == ["torch", "run", "on_ranks"]
+    check = "%time x = 1\nout = on_ranks(lambda: f(2))\nexpect_equal(out, [4], 'f', exercise='1.1')\npassed('1.1', 1)"
+    assert free_names(check) == ["expect_equal", "f", "on_ranks", "passed"]
+    assert not any(os.getcwd().startswith(r.rstrip(os.sep)) for r in library_roots())  # a notebook's folder is no library
+
+
+# ---------------------------------------------------------------- nothing survives `m11 grade`
+
+def _run_processes(run: str) -> list[psutil.Process]:
+    """Live processes whose environment carries this run's id (zombies are dead)."""
+    found = []
+    for p in psutil.process_iter(["status"]):
+        try:
+            if p.info["status"] != psutil.STATUS_ZOMBIE and p.environ().get(RUN_ENV) == run:
+                found.append(p)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+@pytest.mark.parametrize("sig, sandbox", [(signal.SIGINT, "off"), (signal.SIGTERM, "off"), (signal.SIGKILL, "off"),
+                                          (signal.SIGKILL, "auto")], ids=["SIGINT", "SIGTERM", "SIGKILL", "SIGKILL-sandbox"])
+def test_nothing_survives_m11_grade(work: Path, sig: int, sandbox: str) -> None:
+    """Signal `m11 grade` at a random moment while `launch` ranks run: no kernel, rank or helper survives."""
+    run = f"test-{uuid.uuid4().hex}"
+    env = dict(os.environ, **{RUN_ENV: run, "M11_GRADE_SANDBOX": sandbox})
+    cmd = [sys.executable, "-m", "m11_helpers.tools.cli", "grade", str(work / "submissions" / "ranks"),
+           "--source", str(work / "solutions"), "--out", str(work / "reports")]
+    with subreaper():  # orphans come to this test, which reaps them, rather than to init
+        proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE)
+        try:
+            deadline = time.monotonic() + 240
+            while time.monotonic() < deadline and proc.poll() is None:  # the kernel, its store and two ranks
+                kernels = [p for p in _run_processes(run) if "ipykernel" in " ".join(p.cmdline())]
+                if len(kernels) >= 4:
+                    break
+                time.sleep(0.2)
+            assert proc.poll() is None and len(kernels) >= 4, "the ranks never started"
+            time.sleep(random.uniform(0.0, 1.0))  # a random moment while they run
+            os.killpg(proc.pid, sig) if sig == signal.SIGINT else proc.send_signal(sig)  # Ctrl-C: the group
+            rc = proc.wait(timeout=120)
+            end = time.monotonic() + 30
+            while _run_processes(run) and time.monotonic() < end:
+                time.sleep(0.2)
+            left = [(p.pid, " ".join(p.cmdline())[:80]) for p in _run_processes(run)]
+        finally:
+            for p in _run_processes(run):
+                p.kill()
+            proc.kill()
+            proc.wait()
+            while True:  # reap what was re-parented to us
+                try:
+                    if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                        break
+                except ChildProcessError:
+                    break
+    assert not left, f"survived {signal.Signals(sig).name} of m11 grade: {left}"
+    assert rc == (-sig if sig == signal.SIGKILL else 128 + sig), proc.stderr.read().decode()[-2000:]

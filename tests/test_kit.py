@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -14,7 +15,7 @@ import pytest
 from m11_helpers import REPO, __version__, setup
 from m11_helpers.display import Table, show_table
 from m11_helpers.environment import environment, setup_line
-from m11_helpers.procs import die_with_parent, kill_descendants, kill_tree, stop, subreaper
+from m11_helpers.procs import die_with_parent, kill_descendants, kill_tree, stop, subreaper, tethered_popen
 from m11_helpers.resources import course_scripts, script_path
 from m11_helpers.timing import Timing, format_seconds, time_it
 from m11_helpers.validate import fraction, non_negative_int, non_negative_real, one_of, positive_int, positive_real
@@ -95,11 +96,83 @@ def test_die_with_parent_and_subreaper_catch_orphans():
     assert callable(die_with_parent)
 
 
+# A program whose child escapes into a session of its own (as torchrun's ranks do), then sleeps or exits.
+ESCAPER = ("import subprocess, sys, time\n"
+           "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], start_new_session=True)\n"
+           "time.sleep(float(sys.argv[1]))\nsys.exit(int(sys.argv[2]))\n")
+
+
+def _tagged(tag: str) -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE and p.environ().get("M11_TEST_TAG") == tag:
+                found.append(p)
+        except psutil.Error:
+            pass
+    return found
+
+
+def _wait_tagged(tag: str, n: int, within: float = 60.0) -> None:
+    deadline = time.monotonic() + within
+    while len(_tagged(tag)) < n:
+        assert time.monotonic() < deadline, f"only {_tagged(tag)} of {n} processes started"
+        time.sleep(0.02)
+
+
+def _gone(tag: str, within: float = 10.0) -> bool:
+    deadline = time.monotonic() + within
+    while _tagged(tag) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return not _tagged(tag)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="subreapers are Linux")
+def test_a_tethered_program_ends_with_its_status_and_leaves_nothing():
+    env = {**os.environ, "M11_TEST_TAG": "exit"}
+    proc = tethered_popen([sys.executable, "-c", ESCAPER, "0.5", "3"], env=env)
+    assert proc.wait(60) == 3  # the program's status, through the supervisor
+    assert _gone("exit"), "the escaped grandchild should be killed when the program ends"
+    proc = tethered_popen([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"])
+    assert proc.wait(60) == -signal.SIGTERM  # killed by a signal: the caller sees that signal
+    proc = tethered_popen([sys.executable, "-c", ESCAPER, "60", "0"], env={**env, "M11_TEST_TAG": "stop"})
+    _wait_tagged("stop", 3)  # supervisor, program, grandchild
+    proc.terminate()  # the supervisor asked to stop: it kills the whole tree
+    assert proc.wait(60) == -signal.SIGTERM and _gone("stop")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="subreapers are Linux")
+def test_a_tethered_tree_dies_with_a_sigkilled_caller():
+    code = ("import sys, time\nfrom m11_helpers.procs import tethered_popen\n"
+            "tethered_popen([sys.executable, '-c', sys.argv[1], '60', '0'])\ntime.sleep(60)\n")
+    caller = subprocess.Popen([sys.executable, "-c", code, ESCAPER], env={**os.environ, "M11_TEST_TAG": "caller"})
+    _wait_tagged("caller", 4)  # caller, supervisor, program, grandchild in its own session
+    caller.kill()  # no cleanup can run in the caller
+    caller.wait()
+    assert _gone("caller"), f"left behind: {_tagged('caller')}"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="subreapers are Linux")
+def test_a_stopped_supervisor_lets_a_nested_one_clean_up(tmp_path):
+    # a kernel under a supervisor runs launch_script, under its own supervisor with a results folder
+    folder = tmp_path / "results"
+    folder.mkdir()
+    kernel = ("import sys, time\nfrom m11_helpers.procs import tethered_popen\n"
+              "tethered_popen([sys.executable, '-c', sys.argv[1], '60', '0'], remove_if_abandoned=[sys.argv[2]])\n"
+              "time.sleep(60)\n")
+    proc = tethered_popen([sys.executable, "-c", kernel, ESCAPER, str(folder)],
+                          env={**os.environ, "M11_TEST_TAG": "nested"})
+    _wait_tagged("nested", 5)  # supervisor, "kernel", its supervisor, its program, the escaped grandchild
+    proc.terminate()
+    assert proc.wait(60) == -signal.SIGTERM
+    assert _gone("nested") and not folder.exists()
+
+
 def test_table_renders_as_text_and_html_from_the_same_rows():
     t = Table([{"setup": "DDP", "GB": 16.0}, {"setup": "ZeRO-3", "GB": 2.25}], floatfmt=".2f")
     assert str(t).splitlines() == ["setup      GB", "------  -----", "DDP     16.00", "ZeRO-3   2.25"]
     assert "<td style=\"text-align:right\">2.25</td>" in t._repr_html_()
-    assert str(show_table([(1, "a")], ["n", "x"])).startswith("n  x")
+    assert show_table([(1, "a")], ["n", "x"]) is None  # displayed once, not echoed as the cell's value
 
 
 def test_course_scripts_ship_in_the_package_and_unknown_names_say_what_exists():

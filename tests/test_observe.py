@@ -7,7 +7,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed import isend as imported_isend  # an alias bound before recording starts
 
-from m11_helpers.grading.observe import ForbiddenCall, forbid, record_comm
+from m11_helpers.grading.observe import ForbiddenCall, forbid, record_comm, record_overlap
 from m11_helpers.launch import launch
 
 
@@ -52,3 +52,88 @@ def test_forbid_catches_python_and_builtin_functions_under_any_name():
             raise AssertionError(f"{name} was not caught")
     with forbid(torch.nn.utils.clip_grad_norm_):
         torch.linalg.vector_norm(torch.ones(3))  # other calls are fine
+
+
+# ---------------------------------------------------------------- overlap, deadlock, crash in mid-save
+
+def _backward_with_hooks(overlap: bool):
+    """Two gradient buckets; the hooks all-reduce each bucket as soon as it is ready (overlap) or after backward."""
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 1))
+    params, pending = list(model.parameters()), []
+    buckets = [params[2:], params[:2]]  # backward produces the last layer's gradients first
+
+    def launch_bucket(bucket):
+        flat = torch.cat([p.grad.reshape(-1) for p in bucket])  # (bucket numel,)
+        pending.append(dist.all_reduce(flat, async_op=True))
+
+    if overlap:  # launch a bucket once all its gradients are accumulated
+        for bucket in buckets:
+            left = [len(bucket)]
+
+            def ready(_p, b=bucket, left=left):
+                left[0] -= 1
+                if left[0] == 0:
+                    launch_bucket(b)
+
+            for p in bucket:
+                p.register_post_accumulate_grad_hook(ready)
+    with record_overlap(model) as ov:
+        model(torch.ones(4, 8)).sum().backward()
+        if not overlap:
+            for bucket in buckets:
+                launch_bucket(bucket)
+        for work in pending:
+            work.wait()
+    return len(ov.during_backward("all_reduce")), len(ov.after_backward("all_reduce")), len(ov.ready)
+
+
+def test_record_overlap_tells_communication_during_backward_from_after_it():
+    for overlap, (during, after) in ((True, (2, 0)), (False, (0, 2))):
+        for got in launch(_backward_with_hooks, overlap, num_processes=2, show_output=False):
+            assert got == (during, after, 4), (overlap, got)  # calls made from gradient hooks are during backward
+
+
+def _exchange(message, blocking_first: bool):
+    rank = dist.get_rank()
+    peer, buf = 1 - rank, torch.empty_like(message)
+    if blocking_first:
+        dist.send(message, peer)  # both ranks send first: neither reaches its receive
+        dist.recv(buf, peer)
+    else:
+        req = dist.isend(message, peer)
+        dist.recv(buf, peer)
+        req.wait()
+    return float(buf[1] - buf[0]), float(buf[0])
+
+
+def test_expect_no_deadlock_names_a_blocking_send_and_passes_a_posted_one():
+    from m11_helpers.grading.faults import DEADLOCK, expect_no_deadlock
+
+    got = expect_no_deadlock(_exchange, False, exercise="9.9", timeout=60)
+    assert got == [(1.0, 1e6), (1.0, 0.0)]  # each rank received its peer's 8 MiB message
+    try:
+        expect_no_deadlock(_exchange, True, exercise="9.9", timeout=6)
+    except AssertionError as e:
+        first = str(e).splitlines()[0]
+        assert first.startswith(f"Exercise 9.9: {DEADLOCK}: still waiting after 6 s with a 8 MiB message"), first
+        assert "rank 0 in send" in first and "rank 1 in send" in first
+    else:
+        raise AssertionError("the deadlock was not reported")
+
+
+def test_crash_during_save_tells_an_atomic_save_from_one_in_place(tmp_path):
+    from m11_helpers.fault_tolerance import atomic_save, naive_save
+    from m11_helpers.grading.faults import crash_during_save, expect_atomic_save
+
+    good = expect_atomic_save(atomic_save, tmp_path / "a" / "ckpt.pt", exercise="10.2", kills=4)
+    assert good.ok and good.clean_run == "new" and not good.in_place and good.leftovers == []
+    assert set(good.outcomes) <= {"old", "new"} and len(good.outcomes) == 4
+    bad = crash_during_save(naive_save, tmp_path / "b" / "ckpt.pt", kills=2)
+    assert bad.clean_run == "new" and bad.in_place and not bad.ok  # caught when it opened ckpt.pt, every time
+    assert "torn" in bad.outcomes or "missing" in bad.outcomes
+    try:
+        expect_atomic_save(naive_save, tmp_path / "c" / "ckpt.pt", exercise="10.2", kills=1)
+    except AssertionError as e:
+        assert str(e).startswith("Exercise 10.2: not crash-safe: the save opened ckpt.pt itself for writing"), str(e)
+    else:
+        raise AssertionError("an in-place save passed")

@@ -1,4 +1,4 @@
-"""Pipeline schedules against the papers' formulas; the real pipelined step against one process."""
+"""Pipeline schedules against the papers' formulas and torch's own order; the real pipelined step against one process."""
 
 import pytest
 import torch
@@ -7,17 +7,17 @@ from m11_helpers.launch import launch
 from m11_helpers.models import tiny_gpt
 from m11_helpers.pipeline import (
     bubble_fraction,
-    gather,
-    naive_step,
     peak_in_flight,
-    reference_step,
-    run_schedules,
     schedule_order,
     schedule_table,
     simulate,
-    split_tiny_gpt,
+    stage_orders,
+    table_rows,
+    tick_table,
     timeline_bubble,
 )
+from m11_helpers.pipeline_comm import p2p_bytes
+from m11_helpers.pipeline_run import gather, naive_step, record_order, reference_step, run_schedules, split_tiny_gpt
 
 
 def test_bubble_fraction_worked_examples():
@@ -62,6 +62,33 @@ def test_gpipe_table_first_ticks():
 def test_1f1b_order_alternates_after_warmup():
     order = schedule_order(4, 6, "1f1b")[1]  # stage 1: 2 warm-up forwards, then F, B alternate
     assert [k for k, _, _ in order[:6]] == ["F", "F", "F", "B", "F", "B"]
+
+
+@pytest.mark.parametrize("p,m", [(2, 2), (3, 5), (4, 4), (4, 6), (5, 8)])
+def test_1f1b_tick_table_is_as_soon_as_possible_and_idles_the_formula(p, m):
+    table = tick_table(p, m, "1f1b")  # one tick per forward or backward
+    assert stage_orders(table, p) == [[(k, i) for k, i, _ in o] for o in schedule_order(p, m, "1f1b")]
+    assert 1 - len(table) / (p * (1 + max(t for t, _ in table))) == pytest.approx(bubble_fraction(p, m))
+    assert max(t for t, _ in table) + 1 == 2 * (m + p - 1)
+    rows = table_rows(table, p)
+    assert len(rows) == p and rows[0][1] == "F0" and rows[p - 1][p] == "F0" and rows[p - 1][p + 1] == "B0"
+
+
+@pytest.mark.parametrize("p,configs", [(2, [("1f1b", 2), ("1f1b", 5), ("gpipe", 3)]),
+                                       (3, [("1f1b", 3), ("1f1b", 7)]),
+                                       (4, [("1f1b", 4), ("1f1b", 6), ("1f1b", 9), ("gpipe", 4)])])
+def test_schedule_order_is_the_order_torch_runs(p, configs):
+    # Recorded from the calls Schedule1F1B / ScheduleGPipe make on real ranks (exercise 4.2 relies on this
+    # for p other than 4).
+    res = launch(record_order, configs, num_processes=p, timeout=120)
+    for k, (schedule, m) in enumerate(configs):
+        assert [r[k] for r in res] == [[(kind, i) for kind, i, _ in o] for o in schedule_order(p, m, schedule)]
+
+
+def test_p2p_message_size():
+    assert p2p_bytes(1, 4096, 4096) == 4096 * 4096 * 2  # b·s·h in bf16 (Narayanan et al. 2021, §3.2)
+    with pytest.raises(ValueError, match="hidden"):
+        p2p_bytes(1, 4096, 0)
 
 
 def test_stages_compose_to_the_model():

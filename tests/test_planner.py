@@ -2,18 +2,21 @@
 
 import pytest
 
+from m11_helpers.activations import activation_bytes
 from m11_helpers.config import RUNNING_EXAMPLE, param_count
 from m11_helpers.planner import (
     MEGATRON_1T,
     MEGATRON_TABLE1,
     SELENE,
-    activation_bytes_per_layer,
     comm_per_step,
     evaluate,
+    first_stage_params,
     megatron_rule,
     memory_per_gpu,
     plan_3d,
+    traffic,
 )
+from m11_helpers.quantities import value
 
 
 def test_table1_parameter_counts():
@@ -41,17 +44,37 @@ def test_rule_matches_table1_where_memory_decides():
         assert got[name] == expected
 
 
-def test_memory_and_comm_formulas():
-    # Korthikanti et al. 2022 §4.1: 34 + 5as/h bytes per s·b·h without parallelism.
+def test_memory_comes_from_the_kit_and_equals_the_shared_figures():
+    # The planner has no activation formula of its own: Korthikanti et al. 2022 §4.1's 34 + 5as/h bytes per
+    # s·b·h for a 16-bit GPT layer with dropout, and §4.2.2's 10 + 24/t with selective recomputation, come
+    # from activations.activation_bytes (statistics=False: the paper ignores the norms' fp32 statistics).
+    gpt = MEGATRON_TABLE1[0][0]
+    s, h, a = gpt.seq_len, gpt.hidden, gpt.heads
+    assert activation_bytes(gpt, 1, statistics=False)["per_layer"] == pytest.approx(s * h * (34 + 5 * a * s / h))
+    assert activation_bytes(gpt, 1, recompute="selective", tp=8, statistics=False)["per_layer"] == \
+        pytest.approx(s * h * (10 + 24 / 8))
+    # The 7B on one GPU: the same figures lessons print with quantities.say (one helper per quantity).
+    mem = memory_per_gpu(RUNNING_EXAMPLE, tp=1, pp=1, recompute="full")
+    assert mem["states"] * 1e9 == pytest.approx(value("7b.model_states.megatron"))
+    assert mem["activations"] * 1e9 == pytest.approx(value("7b.activations.full.peak"))
+    assert first_stage_params(RUNNING_EXAMPLE, 1) == param_count(RUNNING_EXAMPLE)
+    assert first_stage_params(RUNNING_EXAMPLE, 4) < param_count(RUNNING_EXAMPLE) / 3  # 8 of 32 layers + embedding
+    assert SELENE.memory_gb == pytest.approx(80 * 2**30 / 1e9)  # an "80 GB" A100 holds 80 GiB
+    fp32_grads = memory_per_gpu(RUNNING_EXAMPLE, tp=1, pp=1, layout="megatron-fp32-grads")  # Megatron's bf16 default
+    assert fp32_grads["states"] == pytest.approx(mem["states"] * 18 / 16)
+    with pytest.raises(ValueError, match="layout"):
+        memory_per_gpu(RUNNING_EXAMPLE, tp=1, pp=1, layout="fp8")
+
+
+def test_comm_formulas_and_traffic():
     cfg = RUNNING_EXAMPLE
-    s, h, a = cfg.seq_len, cfg.hidden, cfg.heads
-    assert activation_bytes_per_layer(cfg, 1, 1, "none") == pytest.approx(s * h * (34 + 5 * a * s / h))
-    assert activation_bytes_per_layer(cfg, 1, 8, "selective") == pytest.approx(s * h * 13)
-    mem = memory_per_gpu(cfg, tp=1, pp=1, recompute="full")
-    assert mem["states"] == pytest.approx(16 * param_count(cfg) / 1e9)
+    s, h = cfg.seq_len, cfg.hidden
     comm = comm_per_step(cfg, tp=8, pp=1, dp=1, micro_batch=1, microbatches=1)
     assert comm["pp"] == 0 and comm["dp"] == 0
     assert comm["tp"] == pytest.approx(4 * 32 * s * h * 2 * 2 * 7 / 8 / 1e9)
+    rows = {r["kind"]: r for r in traffic(MEGATRON_1T, SELENE, dp=6, tp=8, pp=64, global_batch=3072)}
+    assert rows["TP"]["GB"] > 5 * rows["PP"]["GB"] > 5 * rows["DP"]["GB"]  # TP sends the most: it gets NVLink
+    assert rows["PP"]["operations"] == 2 * 512 and rows["DP"]["operations"] == 1
 
 
 def test_plan_3d_is_sorted_and_consistent():

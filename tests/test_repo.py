@@ -47,3 +47,18 @@ def test_lesson_follows_the_checklist(stem):
     assert "quiz(" in text, "a four-question quiz"
     assert "takeaways" in text.lower(), "key takeaways"
     assert any(c.metadata["slideshow"]["slide_type"] == "notes" for c in nb.cells), "speaker notes"
+
+
+def test_refresh_rewrites_an_old_setup_cell_and_nothing_else(tmp_path):
+    from m11_helpers.tools.notebooks import dumps
+    from m11_helpers.tools.setup_refresh import refresh_notebooks
+
+    src = ROOT / "course" / f"{LESSONS[0]}.ipynb"
+    nb = nbformat.read(src, as_version=4)
+    first = next(c for c in nb.cells if c.cell_type == "code")
+    first.source = setup_cell_source("0.0.1")  # the cell of an older release
+    old, current = tmp_path / "old.ipynb", tmp_path / "current.ipynb"
+    old.write_text(dumps(nb), encoding="utf-8")
+    current.write_text(src.read_text(encoding="utf-8"), encoding="utf-8")
+    assert refresh_notebooks([old, current]) == [old]
+    assert old.read_text(encoding="utf-8") == src.read_text(encoding="utf-8")  # only the setup cell changed

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import re
+import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
 import nbformat
 import pytest
 
-from m11_helpers.tools.assets import assets_dir, installed
-from m11_helpers.tools.slides import build_deck, main, write_index
+from m11_helpers.tools.assets import PACKAGES, assets_dir, installed
+from m11_helpers.tools.slides import ASSETS, CDN, OUTPUT_ONLY_TAG, WIDGET_VIEW, build_deck, main, write_index
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE = REPO / "tests" / "data" / "slides" / "demo.ipynb"
@@ -124,7 +125,15 @@ def _expected_sections(nb_path: Path) -> tuple[int, int]:
 
 @needs_assets
 def test_fixture_deck_is_offline_with_notes_and_structure(tmp_path: Path) -> None:
-    deck = build_deck(FIXTURE, tmp_path)
+    # a widget output and its saved state, as an executed lab cell leaves them (the stored fixture is clean)
+    nb = nbformat.read(FIXTURE, as_version=4)
+    code = next(c for c in nb.cells if c.cell_type == "code")
+    code.outputs = [nbformat.v4.new_output("display_data", data={
+        "text/plain": "IntSlider(value=8)", WIDGET_VIEW: {"model_id": "abc", "version_major": 2, "version_minor": 0}})]
+    nb.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": {}, "version_major": 2,
+                                                                            "version_minor": 0}}
+    nbformat.write(nb, tmp_path / FIXTURE.name)
+    deck = build_deck(tmp_path / FIXTURE.name, tmp_path)
     parsed = _check_offline(deck)
     assert (parsed.top, parsed.sub) == _expected_sections(FIXTURE) == (3, 4)
     assert any("SPEAKER-NOTE-MARKER" in n for n in parsed.notes), "notes cell lost"
@@ -152,10 +161,41 @@ def test_lesson_00_deck(tmp_path: Path) -> None:
     assert (parsed.top, parsed.sub) == _expected_sections(LESSON_00)
 
 
-def test_missing_assets_say_how_to_fetch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_missing_assets_say_how_to_fetch_with_this_interpreter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture) -> None:
     monkeypatch.setenv("M11_ASSETS", str(tmp_path / "nothing"))
-    with pytest.raises(FileNotFoundError, match=r"python -m m11_helpers\.assets"):
+    with pytest.raises(FileNotFoundError, match=re.escape(f"{sys.executable} -m m11_helpers.tools.assets")):
         build_deck(FIXTURE, tmp_path / "out")
+    assert main([str(FIXTURE), "--out", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert "m11 slides --cdn" in err and sys.executable in err and ".venv/bin" not in err.replace(sys.prefix, "")
+
+
+def test_cdn_deck_needs_no_assets_and_links_the_pinned_versions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("M11_ASSETS", str(tmp_path / "nothing"))
+    assert main([str(FIXTURE), "--out", str(tmp_path / "out"), "--cdn"]) == 0
+    text = (tmp_path / "out" / "demo.slides.html").read_text(encoding="utf-8")
+    for package, version in PACKAGES.items():
+        assert f"{CDN}/{package}@{version}/" in text, package
+    assert not (tmp_path / "out" / ASSETS).exists() and "_assets/" not in text
+
+
+def test_decks_show_what_a_presenter_shows(tmp_path: Path) -> None:
+    """No nbval markers; an `m11-output-only` cell shows its output without its code; teaching code stays."""
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell("# Presenter view", metadata={"slideshow": {"slide_type": "slide"}}),
+        nbformat.v4.new_code_cell("# NBVAL_CHECK_OUTPUT\nteaching_line = 6 * 7\nprint(teaching_line)"),
+        nbformat.v4.new_code_cell("print(f'{\"FORMATTING-ONLY\":>20}')", metadata={"tags": [OUTPUT_ONLY_TAG]}),
+    ])
+    nb.cells[1].outputs = [nbformat.v4.new_output("stream", text="42\n")]
+    nb.cells[2].outputs = [nbformat.v4.new_output("stream", text="TABLE-OUTPUT\n")]
+    path = tmp_path / "presenter.ipynb"
+    nbformat.write(nb, path)
+    text = build_deck(path, tmp_path / "out", cdn=True).read_text(encoding="utf-8")
+    assert "NBVAL" not in text
+    assert "teaching_line" in text and "42" in text
+    assert "TABLE-OUTPUT" in text and "FORMATTING-ONLY" not in text
+    assert nbformat.read(path, as_version=4).cells[1].source.startswith("# NBVAL_CHECK_OUTPUT")  # file untouched
 
 
 def test_bad_notebook_path_names_the_parameter(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ import pytest
 yaml = pytest.importorskip("yaml", reason="PyYAML (a jupyter_events dependency) is needed to read the workflow")
 
 REPO = Path(__file__).resolve().parents[1]
-TEMPLATE = REPO / "m11_helpers" / "templates" / "student_repo"
+TEMPLATE = REPO / "m11_helpers" / "grading" / "templates" / "student_repo"
 WORKFLOW = TEMPLATE / ".github" / "workflows" / "grade.yml"
 LESSON = "01_hardware.ipynb"  # formulas only, no processes: grades in seconds
 COURSE_URL = "git+https://github.com/m11-course/training-at-scale"
@@ -80,6 +80,15 @@ def test_workflow_installs_the_course_grades_uploads_and_gates() -> None:
     assert "MIN_SCORE" in str(wf["env"]) and "min_score" in str(wf[True]["workflow_dispatch"]["inputs"])
     # the threshold is an input with a repository-variable fallback, as the README says
     assert re.search(r"inputs\.min_score\s*\|\|\s*vars\.M11_MIN_SCORE", wf["env"]["MIN_SCORE"])
+
+
+def test_readme_and_workflow_say_feedback_here_grade_from_the_instructor() -> None:
+    readme = " ".join((TEMPLATE / "README.md").read_text().split())
+    assert "This repository's workflow gives feedback; the instructor's run gives the grade." in readme
+    assert "hidden tests" in readme and "deadline" in readme
+    assert "FEEDBACK" in WORKFLOW.read_text().splitlines()[0]
+    instructor = TEMPLATE.parent / "instructor_repo" / ".github" / "workflows" / "grade-class.yml"
+    assert instructor.is_file() and "gives the grade" in instructor.read_text()
 
 
 @pytest.mark.slow

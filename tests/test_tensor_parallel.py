@@ -15,8 +15,8 @@ from m11_helpers.tensor_parallel import (
     all_reduces_per_layer,
     count_collectives,
     parallelize_mlp,
-    ring_bytes_per_rank,
 )
+from m11_helpers.tensor_parallel_run import allreduce_busbw, lesson_runs
 
 
 def _check_on_ranks():
@@ -84,7 +84,6 @@ def test_two_all_reduces_forward_two_backward(ranks):
 def test_comm_formulas():
     c = all_reduces_per_layer(batch=1, seq_len=4096, hidden=4096)
     assert c["forward"] == 2 and c["backward"] == 2 and c["bytes_each"] == 4096 * 4096 * 2
-    assert ring_bytes_per_rank(100, 4) == pytest.approx(150)
     with pytest.raises(ValueError, match="hidden"):
         all_reduces_per_layer(1, 1, 0)
 
@@ -94,3 +93,34 @@ def test_bad_split_names_parameter():
         ColumnParallelLinear.from_linear(torch.nn.Linear(4, 3), 0, 2)
     with pytest.raises(ValueError, match="rank"):
         RowParallelLinear.from_linear(torch.nn.Linear(4, 4), 2, 2)
+
+
+@pytest.fixture(scope="module")
+def lesson_ranks():
+    return launch(lesson_runs, num_processes=2, timeout=120, device="cpu")
+
+
+def test_lesson_demo_equals_unsharded_and_counts_collectives(lesson_ranks):
+    for res in lesson_ranks:
+        d = res["demo"]
+        assert max(d["max_diff"], d["dx_diff"], d["fc_grad_diff"], d["dtensor_diff"]) < 1e-5
+        assert (d["forward"], d["backward"]) == (2, 2)  # per block: attention's g and f, the MLP's g and f
+        assert d["weight_shape"] == (128, 64) and d["full_shape"] == (256, 64)
+        assert d["dtensor_counts"] == {"all_reduce": 2} and d["dtensor_weight"].startswith("DTensor")
+
+
+def test_column_parallel_output_is_gathered_not_reduced(lesson_ranks):
+    # Issue 20 item 10: after a column-parallel layer an all-reduce is wrong; all-gather rebuilds the output,
+    # and before a row-parallel layer nothing is needed (its one all-reduce sums partial products).
+    for res in lesson_ranks:
+        c = res["column"]
+        assert c["local_shape"] == (4, 128) and c["full_shape"] == (4, 256)
+        assert not c["allreduce_equals_slice"] and c["allgather_equals_full"] and c["row_output_equals_mlp"]
+        assert c["all_reduces_col_to_row"] == 1
+
+
+def test_allreduce_busbw_reports_a_bandwidth(lesson_ranks):
+    dev, gbs = lesson_ranks[0]["busbw"]
+    assert dev == "cpu" and gbs > 0
+    with pytest.raises(ValueError, match="megabytes"):
+        allreduce_busbw(0)

@@ -1,23 +1,42 @@
 """Every exercise's recorded wrong answers score 0 with a hint that names the mistake; the solution scores full marks.
 
-One kernel per lesson (`m11_helpers.grading.wrong_answers.run_wrong_answers`): the solution notebook
-runs top to bottom once (every check passes), then each wrong answer replaces its exercise's solution
-cell and the exercise's checks (hidden tests included) must fail with the recorded hint.
+One graded run per lesson (`m11_helpers.grading.wrong_answers.run_wrong_answers`, through the grader's
+own runner, plugin and tamper guard): the solution notebook runs top to bottom once (every check
+passes), then each wrong answer replaces its exercise's solution cell and the exercise's checks
+(hidden tests included) must fail with the recorded hint. A sample proves that this gives `m11
+grade`'s verdict on the solution with that one answer substituted; wrong answers never ship.
 """
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 
 import nbformat
 import pytest
 
 from m11_helpers.grading.exercises import m11_meta
+from m11_helpers.grading.grader import grade_notebook
 from m11_helpers.grading.wrong_answers import parse, run_wrong_answers, wrong_answers_path
 
 ROOT = Path(__file__).resolve().parents[1]
 SOLUTIONS = sorted((ROOT / "solutions").glob("[0-9][0-9]_*.ipynb"))
 RECORDED = [p for p in SOLUTIONS if wrong_answers_path(p).exists()]
+DEMO = Path(__file__).parent / "data" / "grading" / "solutions" / "00_demo.ipynb"
+# the equivalence sample: the grader's fixture, lesson 00, and the first of these lessons with recorded answers
+CHEAP = ("01_hardware", "08_activation_checkpointing", "07_gradient_accumulation", "03_data_parallel",
+         "06_mixed_precision", "09_efficiency", "02_collectives", "05_zero_fsdp", "04_model_parallel")
+_runs: dict[Path, tuple] = {}  # one graded run per lesson, shared by the tests below
+
+
+def _answers(solution: Path):
+    return parse(wrong_answers_path(solution).read_text(encoding="utf-8"), str(wrong_answers_path(solution)))
+
+
+def _run(solution: Path) -> tuple[list[str], list]:
+    if solution not in _runs:
+        _runs[solution] = run_wrong_answers(solution)
+    return _runs[solution]
 
 
 def test_parse_reads_headers_and_rejects_malformed_ones():
@@ -34,16 +53,51 @@ def test_parse_reads_headers_and_rejects_malformed_ones():
 def test_every_exercise_records_two_wrong_answers(solution):
     nb = nbformat.read(solution, as_version=4)
     exercises = {str(m11_meta(c)["exercise"]) for c in nb.cells if m11_meta(c).get("role") == "check"}
-    answers = parse(wrong_answers_path(solution).read_text(encoding="utf-8"))
+    answers = _answers(solution)
     counts = {ex: sum(a.exercise == ex for a in answers) for ex in exercises}
     assert all(n >= 2 for n in counts.values()), f"fewer than two wrong answers: {counts}"
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("solution", RECORDED, ids=[p.stem for p in RECORDED])
+@pytest.mark.parametrize("solution", [DEMO, *RECORDED], ids=["grader-fixture", *(p.stem for p in RECORDED)])
 def test_wrong_answers_score_zero_with_their_hint(solution):
-    failures, verdicts = run_wrong_answers(solution)
+    failures, verdicts = _run(solution)
     assert not failures, f"the solution itself does not score full marks: {failures}"
     bad = [(v.answer.exercise, v.answer.mistake, v.message.splitlines()[0] if v.message else "passed")
            for v in verdicts if not (v.scored_zero and v.hint_ok)]
     assert not bad, "wrong answers that scored, or whose failure does not name the mistake: " + repr(bad)
+
+
+def _sample() -> list[tuple[Path, int]]:
+    third = next((p for name in CHEAP for p in RECORDED if p.stem == name), None)
+    return [(DEMO, 2), *((p, 0) for p in (ROOT / "solutions" / "00_welcome.ipynb", third) if p in RECORDED)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("solution, index", _sample(), ids=[f"{p.stem}-{i}" for p, i in _sample()])
+def test_one_kernel_verdict_equals_m11_grade_on_the_substituted_notebook(solution, index, tmp_path):
+    answer = _answers(solution)[index]
+    verdicts = _runs[solution][1] if solution in _runs else run_wrong_answers(solution, [answer])[1]
+    verdict = next(v for v in verdicts if v.answer == answer)
+    nb = nbformat.read(solution, as_version=4)
+    cells = [c for c in nb.cells if m11_meta(c).get("role") == "solution"
+             and str(m11_meta(c).get("exercise")) == answer.exercise]
+    cells[answer.cell].source = answer.source
+    nbformat.write(nb, tmp_path / solution.name)
+    graded = grade_notebook(tmp_path / solution.name, solution.parent, cell_timeout=120, notebook_timeout=600)
+    result = next(e for e in graded.exercises if e.exercise == answer.exercise)
+    assert verdict.scored_zero == (result.points == 0), (verdict, result)
+    assert verdict.why.splitlines()[0] == result.why.splitlines()[0], (verdict.why, result.why)
+
+
+def test_wrong_answers_never_ship(wheel):
+    from support.wheel import wheel_file
+
+    for solution in RECORDED:
+        shipped = nbformat.read(ROOT / "exercises" / solution.name, as_version=4)
+        text = "\n".join(c.source for c in shipped.cells)
+        assert "wrong_answers" not in text and "# %%" not in text, solution.name
+        leaked = [a.mistake for a in _answers(solution) if len(a.source) > 30 and a.source in text]
+        assert not leaked, f"{solution.name}: wrong answers copied into exercises/: {leaked}"
+    names = zipfile.ZipFile(wheel_file(wheel)).namelist()
+    assert not [n for n in names if n.startswith(("solutions/", "exercises/")) or "wrong_answers/" in n]

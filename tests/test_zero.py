@@ -5,36 +5,43 @@ import math
 import pytest
 import torch
 
+from m11_helpers.comm_model import ring_bytes_sent
 from m11_helpers.config import RUNNING_EXAMPLE, TINY_GPT, param_count
 from m11_helpers.launch import launch
+from m11_helpers.model_states import gradient_bytes, model_state_bytes
+from m11_helpers.quantities import GB, GiB
 from m11_helpers.zero import (
     accelerate_estimate,
     activation_bytes,
+    bytes_sent_per_step,
     comm_volume,
     deepspeed_estimate,
-    gb,
-    gib,
-    lab_figure,
-    lab_rows,
     memory_breakdown,
     memory_per_gpu,
     min_gpus,
-    optimizer_state_bytes,
     reduction_factor,
 )
+from m11_helpers.zero_lab import lab_figure, lab_rows
 from m11_helpers.zero_optimizer import adamw_update, compare_with_adamw, zero_redundancy_report
 
 
 def test_paper_figure_1_example_7_5b_on_64_gpus():
     # Rajbhandari et al. 2020, Fig. 1: Ψ = 7.5B, N_d = 64, K = 12 → 120, 31.4, 16.6, 1.9 GB
-    got = [round(gb(memory_per_gpu(7.5e9, 64, s)), 1) for s in range(4)]
+    got = [round(memory_per_gpu(7.5e9, 64, s) / GB, 1) for s in range(4)]
     assert got == [120.0, 31.4, 16.6, 1.9]
 
 
-def test_breakdown_parts_and_units():
+def test_breakdown_parts_come_from_model_states():
     m = memory_breakdown(1e9, 8, 2)
     assert (m.parameters, m.gradients, m.optimizer) == (2e9, 2e9 / 8, 12e9 / 8)
-    assert gib(2**30) == 1.0 and gb(1e9) == 1.0
+    for layout in ("deepspeed", "autocast", "megatron-fp32-grads"):
+        for stage in range(4):
+            parts = model_state_bytes(10**9 + 1, layout, 8, stage)  # Ψ % N != 0: shards of ⌈Ψ/N⌉
+            m = memory_breakdown(10**9 + 1, 8, stage, layout=layout)
+            assert (m.parameters, m.gradients, m.optimizer) == (parts["weights"], parts["grads"],
+                                                               parts["master"] + parts["optimizer"])
+    # autocast's 16 bytes shard differently: fp32 weights + fp32 grads stay whole under ZeRO-1
+    assert memory_per_gpu(10**9, 8, 1, layout="autocast") == 8e9 + 8e9 / 8
 
 
 def test_reduction_factors_approach_4_8_and_n():
@@ -53,13 +60,20 @@ def test_offload_moves_optimizer_and_params_to_cpu():
         memory_breakdown(1e9, 4, 2, offload="optimizer+params")
 
 
-def test_min_gpus_100b_on_40gb():
-    # 100B × 16 B = 1.6 TB of model states: ZeRO-3 needs 40 × 40 GB, DDP never fits
-    assert min_gpus(100e9, 40e9, 3) == 40
-    assert min_gpus(100e9, 40e9, 0) is None
-    assert min_gpus(100e9, 40e9, 1) is None  # 4Ψ = 400 GB of replicated weights and grads
-    n = min_gpus(RUNNING_EXAMPLE_PARAMS, 80e9, 1)
-    assert memory_per_gpu(RUNNING_EXAMPLE_PARAMS, n, 1) <= 80e9 < memory_per_gpu(RUNNING_EXAMPLE_PARAMS, n - 1, 1)
+def test_min_gpus_100b_on_40gb_and_the_unit_matters():
+    # 100B × 16 B = 1.6 TB of model states: a "40 GB" A100 holds 40 GiB, so ZeRO-3 needs 38 of them (40 if
+    # the capacity is misread as 40e9 bytes); DDP and ZeRO-1 never fit
+    assert min_gpus(100e9, 40 * GiB, 3) == 38 and min_gpus(100e9, 40 * GB, 3) == 40
+    assert min_gpus(100e9, 40 * GiB, 0) is None
+    assert min_gpus(100e9, 40 * GiB, 1) is None  # 4Ψ = 400 GB of replicated weights and grads
+    n = min_gpus(RUNNING_EXAMPLE_PARAMS, 80 * GiB, 1)
+    assert memory_per_gpu(RUNNING_EXAMPLE_PARAMS, n, 1) <= 80 * GiB < memory_per_gpu(RUNNING_EXAMPLE_PARAMS, n - 1, 1)
+    # the lesson's fit call: ZeRO-1 with one sequence's activations (no recomputation) fits on 21 GPUs of
+    # 80 GiB and on no number of "80e9-byte" GPUs
+    from m11_helpers.activations import activation_bytes
+    acts = activation_bytes(RUNNING_EXAMPLE, 1)["total"]
+    assert min_gpus(RUNNING_EXAMPLE_PARAMS, 80 * GiB, 1, activations=acts) == 21
+    assert min_gpus(RUNNING_EXAMPLE_PARAMS, 80 * GB, 1, activations=acts) is None
 
 
 RUNNING_EXAMPLE_PARAMS = param_count(RUNNING_EXAMPLE)
@@ -71,6 +85,19 @@ def test_comm_volume_2psi_and_3psi():
     assert comm_volume(100, 3, world_size=4) == pytest.approx(225)
 
 
+def test_bytes_sent_per_step_is_lesson_02s_ring():
+    psi = RUNNING_EXAMPLE_PARAMS
+    ddp = ring_bytes_sent(gradient_bytes(psi, "deepspeed"), 8)  # lesson 02's 23.6 GB: 13.5 GB of bf16 grads
+    assert round(ddp / GB, 1) == 23.6
+    for stage in (0, 1, 2):  # a reduce-scatter + an all-gather = an all-reduce's bytes
+        assert bytes_sent_per_step(psi, stage, 8) == pytest.approx(ddp)
+    assert bytes_sent_per_step(psi, 3, 8) == pytest.approx(1.5 * ddp)  # the parameters gathered twice
+    assert bytes_sent_per_step(psi, 0, 8, "autocast") == pytest.approx(2 * ddp)  # fp32 gradients
+    # FSDP2 MixedPrecisionPolicy: bf16 all-gathers, fp32 reduce-scatter
+    assert bytes_sent_per_step(psi, 3, 8, "fsdp2-mp", gather_bytes=2) == pytest.approx(2 * ddp)  # 4Ψ + 2 × 2Ψ
+    assert bytes_sent_per_step(psi, 2, 1) == 0
+
+
 def test_bad_inputs_name_the_parameter():
     for kwargs, name in [({"num_params": 0, "world_size": 8, "stage": 1}, "num_params"),
                          ({"num_params": 1e9, "world_size": 0, "stage": 1}, "world_size"),
@@ -79,14 +106,15 @@ def test_bad_inputs_name_the_parameter():
             memory_per_gpu(**kwargs)
     with pytest.raises(ValueError, match="offload"):
         memory_per_gpu(1e9, 8, 1, offload="nvme")
-    with pytest.raises(ValueError, match="recompute"):
-        activation_bytes(TINY_GPT, 1, "some")
+    with pytest.raises(ValueError, match="layout"):
+        memory_per_gpu(1e9, 8, 1, layout="fp8")
+    with pytest.raises(ValueError, match="gather_bytes"):
+        bytes_sent_per_step(1e9, 3, 8, gather_bytes=0)
 
 
-def test_activation_formula_korthikanti_table_2():
-    s, b, h, a, L = 4096, 1, 4096, 32, 32
+def test_korthikanti_formula_kept_for_the_capstone_until_it_migrates():
+    s, b, h, a, L = 4096, 1, 4096, 32, 32  # Korthikanti et al. 2022, Table 2, for the 7B's shape
     assert activation_bytes(RUNNING_EXAMPLE, 1) == L * s * b * h * (34 + 5 * a * s / h)
-    assert activation_bytes(RUNNING_EXAMPLE, 2, "selective") == L * 34 * s * 2 * h
     assert activation_bytes(RUNNING_EXAMPLE, 1, "full") == L * 2 * s * h
 
 
@@ -98,15 +126,11 @@ def test_other_tools_formulas():
     assert accelerate_estimate(psi, "bfloat16") == 8 * psi  # a max, not the 26Ψ sum
 
 
-def test_optimizer_state_formula_pads_to_ceil():
-    assert optimizer_state_bytes(10, 4) == 8 * 3
-    assert optimizer_state_bytes(10, 4, master_weights=True) == 12 * 3
-
-
 def test_lab_rows_and_figure():
-    rows = lab_rows(RUNNING_EXAMPLE_PARAMS, 8, 3, activations=18e9, gpu_bytes=80e9)
+    rows = lab_rows(RUNNING_EXAMPLE_PARAMS, 8, 3, activations=18e9, gpu_bytes=80 * GiB)
     assert [r["stage"] for r in rows] == [0, 1, 2, 3] and [r["selected"] for r in rows] == [0, 0, 0, 1]
     assert [r["fits"] for r in rows] == [False, True, True, True]
+    assert rows[3]["total"] == pytest.approx(memory_per_gpu(RUNNING_EXAMPLE_PARAMS, 8, 3, activations=18e9) / GiB)
     for r in rows:
         assert r["total"] == pytest.approx(r["parameters"] + r["gradients"] + r["optimizer"] + r["activations"])
     off = lab_rows(1e9, 4, 2, offload="optimizer+params")  # parameter offload only where valid
@@ -122,11 +146,11 @@ def test_lab_rows_and_figure():
 def test_memory_lab_widget_builds_and_recomputes():
     import matplotlib
     matplotlib.use("Agg")
-    from m11_helpers.zero import memory_lab
+    from m11_helpers.zero_lab import memory_lab
     lab = memory_lab()
     names = [c.description for c in lab.children[:-1]]
     assert names == ["parameters (B)", "GPUs (N)", "stage", "offload", "include activations",
-                     "activations (GB)", "GPU memory (GB)"]
+                     "activations (GiB)", "GPU memory (GiB)"]
     lab.children[1].value = 64  # moving a slider re-runs the computation without error
     assert lab.result is None
 
@@ -149,7 +173,8 @@ def test_sharded_adamw_bitwise_equal_on_2_processes_and_state_is_the_formula():
     out = launch(compare_with_adamw, steps=2, num_processes=2, show_output=False)
     for r in out:
         assert r["bitwise_equal"] and torch.equal(r["exp_avg"], r["ref_exp_avg"])
-        assert r["state_bytes"] == optimizer_state_bytes(param_count(TINY_GPT), 2) == r["adamw_state_bytes"] // 2
+        assert r["state_bytes"] == model_state_bytes(param_count(TINY_GPT), "fp32", 2, 1)["optimizer"] \
+            == r["adamw_state_bytes"] // 2
 
 
 def test_sharded_adamw_matches_adamw_on_4_processes_to_float_tolerance():
@@ -159,7 +184,7 @@ def test_sharded_adamw_matches_adamw_on_4_processes_to_float_tolerance():
         for a, b in zip(r["params"], r["ref_params"]):
             torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)  # gloo sums 4 ranks in another order
         torch.testing.assert_close(r["exp_avg"], r["ref_exp_avg"], rtol=1e-6, atol=1e-9)  # the gradient was averaged
-        assert r["state_bytes"] == optimizer_state_bytes(38, 4) == 8 * math.ceil(38 / 4)
+        assert r["state_bytes"] == model_state_bytes(38, "fp32", 4, 1)["optimizer"] == 8 * math.ceil(38 / 4)
     assert all(torch.equal(a, b) for a, b in zip(out[0]["params"], out[3]["params"]))  # ranks agree
 
 

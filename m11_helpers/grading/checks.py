@@ -9,8 +9,12 @@
 
 A failure raises `AssertionError` whose first line names the exercise and what is wrong, then
 expected / got / hint lines: the autograder copies that first line into its report.
-Works with tensors, numpy arrays, numbers and nested lists/tuples of them; torch and numpy are
-imported only when the values are theirs, so a check cell costs nothing extra.
+Works with tensors, numpy arrays, numbers and nested lists/tuples/dicts of them; torch and numpy are
+imported only when the values are theirs, so a check cell costs nothing extra. An answer whose class
+comes from the notebook (not a library) is refused unless it is the expected value's own class: an
+object whose `__eq__` always says True, or a tensor subclass that answers `allclose` itself, would
+otherwise pass any check. Check cells must not catch these failures: under `m11 grade` a check cell
+passes only if its own code reaches `passed(...)` with no failed check on the way (guard.py).
 """
 
 from __future__ import annotations
@@ -48,6 +52,21 @@ def _special_got(got: Any, name: str, exercise: str, expected: Any, hint: str) -
               expected, got, hint)
 
 
+# where the types of a plain answer come from; anything else (a class defined in the notebook) could
+# answer `==` or `allclose` with whatever it likes, so it is refused unless it is the expected type itself
+_PLAIN = ("builtins", "numpy", "torch", "fractions", "decimal", "collections", "m11_helpers")
+
+
+def _foreign_type(got: Any, expected: Any, name: str) -> str | None:
+    """Why `got` is not a plain value (None when it is): its class comes from the notebook, not a library."""
+    t = type(got)
+    if t is type(expected) or (t.__module__ or "").split(".")[0] in _PLAIN:
+        return None
+    where = "defined in the notebook" if t.__module__ == "__main__" else f"from {t.__module__}"
+    return (f"{name} is an instance of {t.__qualname__} ({where}), not a plain value: return a tensor, an "
+            "array, a number, or a list/tuple/dict of them")
+
+
 def _kind(x: Any) -> str:
     mod = type(x).__module__.split(".")[0]
     if mod == "torch" and hasattr(x, "shape"):
@@ -67,6 +86,9 @@ def _as_tensor(x: Any):
 
 def _compare(got: Any, expected: Any, path: str, rtol: float, atol: float) -> str | None:
     """Return why `got` is not close to `expected` (None when it is)."""
+    foreign = _foreign_type(got, expected, path)
+    if foreign:
+        return foreign
     kinds = {_kind(got), _kind(expected)}
     if "tensor" in kinds or "array" in kinds:
         if "tensor" in kinds:
@@ -91,6 +113,11 @@ def _compare(got: Any, expected: Any, path: str, rtol: float, atol: float) -> st
 
             ok = np.allclose(g, e, rtol=rtol, atol=atol, equal_nan=True)
         return None if ok else f"{path} is wrong"
+    if isinstance(expected, dict):
+        if not isinstance(got, dict) or set(got) != set(expected):
+            return f"{path} should be a dict with keys {sorted(map(str, expected))}"
+        return next((w for k in expected if (w := _compare(got[k], expected[k], f"{path}[{k!r}]", rtol, atol))),
+                    None)
     if isinstance(expected, (list, tuple)):
         if not isinstance(got, (list, tuple)):
             return f"{path} should be a {type(expected).__name__}, got a {type(got).__name__}"
@@ -110,6 +137,20 @@ def _compare(got: Any, expected: Any, path: str, rtol: float, atol: float) -> st
     return None if abs(g - e) <= atol + rtol * abs(e) else f"{path} is wrong"
 
 
+def _equal(got: Any, expected: Any, path: str) -> str | None:
+    """Why `got` is not exactly `expected` (None when it is); containers element by element."""
+    foreign = _foreign_type(got, expected, path)
+    if foreign:
+        return foreign
+    if {_kind(got), _kind(expected)} & {"tensor", "array"}:
+        return _compare(got, expected, path, rtol=0.0, atol=0.0)
+    if isinstance(expected, dict) and isinstance(got, dict) and set(got) == set(expected):
+        return next((w for k in expected if (w := _equal(got[k], expected[k], f"{path}[{k!r}]"))), None)
+    if isinstance(expected, (list, tuple)) and isinstance(got, type(expected)) and len(got) == len(expected):
+        return next((w for i, (g, e) in enumerate(zip(got, expected)) if (w := _equal(g, e, f"{path}[{i}]"))), None)
+    return None if bool(expected == got) else f"{path} is wrong"
+
+
 def expect_close(got: Any, expected: Any, name: str, *, exercise: str, hint: str = "",
                  rtol: float = 1e-5, atol: float = 1e-8) -> None:
     """Assert |got - expected| <= atol + rtol·|expected| elementwise (shapes must match)."""
@@ -124,16 +165,16 @@ def expect_close(got: Any, expected: Any, name: str, *, exercise: str, hint: str
 def expect_equal(got: Any, expected: Any, name: str, *, exercise: str, hint: str = "") -> None:
     """Assert got == expected exactly (tensors/arrays: same shape and every element equal)."""
     _special_got(got, name, exercise, expected, hint)
-    if {_kind(got), _kind(expected)} & {"tensor", "array"}:
-        why = _compare(got, expected, name, rtol=0.0, atol=0.0)
-    else:
-        why = None if bool(got == expected) else f"{name} is wrong"
+    why = _equal(got, expected, name)
     if why:
         _fail(exercise, why + ".", expected, got, hint)
 
 
 def expect_true(cond: Any, message: str, *, exercise: str, hint: str = "") -> None:
     """Assert `cond` is truthy; `message` says what should hold (e.g. "the loss went down")."""
+    foreign = _foreign_type(cond, True, "the condition")
+    if foreign:
+        _fail(exercise, foreign + ".", hint=hint, show_values=False)
     if not cond:
         _fail(exercise, f"expected {message}.", hint=hint, show_values=False)
 

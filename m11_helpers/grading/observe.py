@@ -7,16 +7,24 @@ Inside a rank (in a check cell's rank function):
     log.ops()                     # ['isend', 'irecv', 'isend', ...] in call order
     log.peers("isend")            # {1}: every isend went to rank 1 (the right-hand neighbour)
     log.bytes("all_reduce")       # bytes this rank passed to all_reduce
+    log.events[0].group           # (0, 2): the global ranks of the group= it was given (None: the default group)
 
     with forbid(torch.nn.utils.clip_grad_norm_, why="write the clipping yourself"):
         clip(model.parameters(), 1.0)   # raises ForbiddenCall if the library function runs
+
+    with record_overlap(model) as ov:   # DDP overlap: did communication start DURING backward?
+        loss.backward()                 # (the learner's gradient hooks launch all-reduces)
+        finish_gradient_sync(model)
+    ov.during_backward("all_reduce")    # the calls made before the last gradient was ready
 
 Both watch calls with `sys.setprofile`, by *code object* (Python functions) or identity (built-ins):
 they see a call however the function was reached (`dist.isend`, `from torch.distributed import isend`,
 an alias), which patching module attributes would not. Collectives are recorded at the outermost
 `torch.distributed` function (a `send` that calls an internal `isend` is one `send`); a call made
 straight on a ProcessGroup object (`group.allreduce(...)`) is recorded under its own name.
-Per thread: install them in the thread that runs the learner's code (a rank's main thread).
+Per thread: install them in the thread that runs the learner's code (a rank's main thread; on CPU
+autograd runs gradient hooks in the thread that called backward, so `record_overlap` sees them).
+Deadlocks (a large message) and crashes in mid-save are provoked by `m11_helpers.grading.faults`.
 """
 
 from __future__ import annotations
@@ -25,9 +33,11 @@ import contextlib
 import dataclasses
 import inspect
 import sys
+import time
 from typing import Any, Callable, Iterator
 
-__all__ = ["CommEvent", "CommLog", "record_comm", "ForbiddenCall", "forbid", "COMM_FUNCTIONS"]
+__all__ = ["CommEvent", "CommLog", "record_comm", "ForbiddenCall", "forbid", "COMM_FUNCTIONS", "Overlap",
+           "record_overlap"]
 
 # torch.distributed functions a lesson may ask about, with the argument that holds the peer.
 COMM_FUNCTIONS = {
@@ -55,6 +65,8 @@ class CommEvent:
     peer: int | None
     nbytes: int
     async_op: bool
+    t: float = 0.0  # time.perf_counter() when the call was made
+    group: tuple[int, ...] | None = None  # global ranks of the process group passed (None: the default group)
 
 
 def _nbytes(x: Any) -> int:
@@ -111,7 +123,20 @@ def _event(name: str, frame) -> CommEvent:
         peer = dist.get_global_rank(args.get("group"), args[f"group_{peer_arg}"])
     payload = args.get(_PAYLOAD.get(name, "tensor"))
     async_op = name in ("isend", "irecv") or bool(args.get("async_op", False))
-    return CommEvent(name, None if peer is None else int(peer), _nbytes(payload), async_op)
+    return CommEvent(name, None if peer is None else int(peer), _nbytes(payload), async_op, time.perf_counter(),
+                     _group_ranks(args.get("group")))
+
+
+def _group_ranks(group: Any) -> tuple[int, ...] | None:
+    """The global ranks of a process group argument; None for the default group (or one we cannot read)."""
+    if group is None:
+        return None
+    import torch.distributed as dist
+
+    try:
+        return tuple(dist.get_process_group_ranks(group))
+    except Exception:  # noqa: BLE001 - an object that is not a group: the call itself will complain
+        return None
 
 
 def _chain(previous, ours):
@@ -141,7 +166,7 @@ def record_comm() -> Iterator[CommLog]:
             depth[0] -= 1
         elif event == "c_call" and depth[0] == 0 and getattr(arg, "__name__", "") in _PG_METHODS \
                 and type(getattr(arg, "__self__", None)).__name__.startswith("ProcessGroup"):
-            log.events.append(CommEvent(f"ProcessGroup.{arg.__name__}", None, 0, True))
+            log.events.append(CommEvent(f"ProcessGroup.{arg.__name__}", None, 0, True, time.perf_counter()))
 
     previous = sys.getprofile()
     sys.setprofile(_chain(previous, profile))
@@ -182,3 +207,42 @@ def forbid(*fns: Callable, why: str = "") -> Iterator[None]:
         yield
     finally:
         sys.setprofile(previous)
+
+
+@dataclasses.dataclass
+class Overlap:
+    """One rank's backward: when each gradient was ready, and the communication calls made meanwhile."""
+
+    ready: list[float] = dataclasses.field(default_factory=list)  # perf_counter() as each .grad was accumulated
+    comm: list[CommEvent] = dataclasses.field(default_factory=list)
+
+    @property
+    def backward_end(self) -> float:
+        """When the last gradient was accumulated (inf before any was)."""
+        return max(self.ready, default=float("inf"))
+
+    def during_backward(self, *ops: str) -> list[CommEvent]:
+        """The calls (of `ops`, or all) made before the last gradient was ready: communication that overlaps.
+
+        A call made from a gradient hook counts, even the one the last gradient's hook makes (the hooks
+        of `record_overlap` run after those the learner registered before it).
+        """
+        return [e for e in self.comm if (not ops or e.op in ops) and e.t < self.backward_end]
+
+    def after_backward(self, *ops: str) -> list[CommEvent]:
+        return [e for e in self.comm if (not ops or e.op in ops) and e.t >= self.backward_end]
+
+
+@contextlib.contextmanager
+def record_overlap(model) -> Iterator[Overlap]:
+    """Record when each of `model`'s gradients is accumulated and every communication call, in this thread."""
+    ov = Overlap()
+    hooks = [p.register_post_accumulate_grad_hook(lambda _p: ov.ready.append(time.perf_counter()))
+             for p in model.parameters() if p.requires_grad]
+    try:
+        with record_comm() as log:
+            ov.comm = log.events
+            yield ov
+    finally:
+        for h in hooks:
+            h.remove()

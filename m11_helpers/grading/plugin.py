@@ -9,7 +9,11 @@ Loaded in the grading subprocess with `-p m11_helpers.grading.plugin`; it does n
 - notices a dead kernel (`os._exit`, SIGKILL, a crash) within half a second instead of waiting
   out the cell timeout (nbval only waits for a reply that will never come);
 - kills the kernel when a cell outlives `M11_GRADE_CELL_TIMEOUT` plus a grace period, which is
-  what a cell that ignores the interrupt and keeps printing needs (nbval would read forever).
+  what a cell that ignores the interrupt and keeps printing needs (nbval would read forever);
+- guards every check cell (`metadata.m11.role == "check"`, see guard.py): before it, restores what
+  learner code bent and binds pristine check functions; after it, a check cell passes only if the
+  guard saw its own code reach `passed(...)` with nothing bent. What it found is recorded as
+  `tampering` (the grader scores that exercise 0 and says so); a guard that cannot run fails closed.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Any
 
 import pytest
 
+from m11_helpers.grading.guard import Guard, GuardReport
 from m11_helpers.procs import kill_descendants
 
 LOG_ENV, CWD_ENV, TIMEOUT_ENV = "M11_GRADE_LOG", "M11_GRADE_CWD", "M11_GRADE_CELL_TIMEOUT"
@@ -36,7 +41,7 @@ if os.environ.get(LOG_ENV):
     # notebooks never hold; a None entry makes that optional import fail fast.
     sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[arg-type]
 
-_state: dict[str, Any] = {"log": None, "running": None, "alive_at_start": {}}
+_state: dict[str, Any] = {"log": None, "running": None, "alive_at_start": {}, "guarded": {}}
 
 
 class KernelDied(RuntimeError):
@@ -57,8 +62,12 @@ def _patch_nbval() -> None:
 
     class GradedKernel(RunningKernel):
         def __init__(self, kernel_name, cwd=None, startup_timeout=60):
+            guard = Guard(None)  # reads what it compares against now, before the kernel runs anything
             super().__init__(kernel_name, cwd=os.environ.get(CWD_ENV) or cwd,
                              startup_timeout=startup_timeout)
+            guard.kc = self.kc
+            self.m11_guard = guard
+            guard.baseline()
 
         def await_reply(self, msg_id, timeout=None):
             deadline = None if timeout is None else time.monotonic() + timeout
@@ -103,17 +112,49 @@ def _kernel_alive(item: pytest.Item) -> bool:
     return bool(kernel is not None and kernel.is_alive())
 
 
+def _role_of(item: pytest.Item) -> tuple[str | None, str | None]:
+    """(role, exercise) of a graded notebook's cell: ("check", "0.2"), ("course", None) or (None, None)."""
+    meta = (getattr(item, "cell", None) or {}).get("metadata", {}).get("m11", {})
+    if not isinstance(meta, dict) or meta.get("role") not in ("check", "course"):
+        return None, None
+    return meta["role"], str(meta.get("exercise"))
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item: pytest.Item):
     cell = getattr(item, "cell_num", None)
+    (role, exercise), guard = _role_of(item), getattr(getattr(item.parent, "kernel", None), "m11_guard", None)
     if _state["log"] is not None and cell is not None:
         _state["alive_at_start"][cell] = _kernel_alive(item)
         _write({"event": "start", "cell": cell})
         _state["running"] = (cell, time.monotonic())
+        if role == "check" and guard is not None and _kernel_alive(item):
+            _state["guarded"][cell] = [guard.before(exercise, item.cell.source)]
     try:
         yield
     finally:
+        if cell in _state["guarded"] and _kernel_alive(item):
+            _state["guarded"][cell].append(guard.after(exercise))
+        elif role == "course" and guard is not None and _kernel_alive(item):
+            guard.mark(item.cell.source)  # what the course's own cell defined stays the course's
         _state["running"] = None
+
+
+def _verdict(reports: list[GuardReport], nbval_passed: bool) -> dict[str, Any]:
+    """What the guard adds to a check cell's record: tampering found, or why it could not judge."""
+    found = list(dict.fromkeys(t for r in reports for t in r.tampering))
+    error = next((r.error for r in reports if r.error), "")
+    after = reports[-1] if len(reports) == 2 else None
+    if nbval_passed and not error and after is not None and not found:
+        if after.fails:  # the cell "passed", yet a check its own code called had failed
+            found.append(f"a failing check was hidden: {after.fails[0]}")
+        elif not after.passed:
+            found.append("the check cell reported success, but its own passed(...) line never ran")
+    if nbval_passed and not error and after is None:
+        error = "the kernel died before the guard could read the check's result"
+    if error:  # fail closed: a check the guard could not watch does not score
+        found.append(f"the grader's guard could not check this cell: {error}")
+    return {"tampering": found} if found else {}
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -127,8 +168,12 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         return
     record: dict[str, Any] = {"event": "result", "cell": cell, "when": call.when,
                               "seconds": round(call.duration, 3)}
-    if exc is None:
+    guarded = _state["guarded"].pop(cell, None) if call.when == "call" else None
+    extra = _verdict(guarded, exc is None) if guarded else {}
+    if exc is None and not extra:
         record["outcome"] = "passed"
+    elif exc is None:
+        record.update(outcome="failed", message="; ".join(extra["tampering"]))
     elif exc.errisinstance(pytest.skip.Exception):
         record["outcome"] = "skipped"
     else:
@@ -141,4 +186,5 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         alive_before = _state["alive_at_start"].get(cell, True)
         record["fatal"] = call.when == "call" and alive_before and not _kernel_alive(item)
         record["dead_at_start"] = call.when == "call" and not alive_before
+    record.update(extra)
     _write(record)

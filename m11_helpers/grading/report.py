@@ -65,7 +65,7 @@ def junit_xml(results: Iterable["NotebookResult"]) -> str:
                                  name=f"Exercise {e.exercise}", time="0")
             if e.status != "passed":
                 fail = ET.SubElement(case, "failure", message=_one_line(e.why, 300) or e.status,
-                                     type=e.status)
+                                     type="tampering" if getattr(e, "tampering", None) else e.status)
                 fail.text = _ANSI.sub("", e.why)
     ET.indent(root)
     return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"

@@ -14,6 +14,7 @@ class ExerciseResult:
     max_points: float
     status: str  # passed | failed | not run
     why: str = ""
+    tampering: list[str] = field(default_factory=list)  # what the guard caught (the exercise scored 0)
 
 
 @dataclass

@@ -14,12 +14,15 @@ solution cell (`cell=K` after the exercise id picks the K-th solution cell of an
 several, counting from 0). TEXT must appear (case-insensitive) in the failure the check cell reports,
 so the learner is told what is wrong, not only that something is.
 
-`run_wrong_answers(solution)` grades them all in **one kernel**: it runs the solution notebook top to
-bottom once (every check cell must pass: full marks), then for each wrong answer runs its code and
-the exercise's check cells (hidden tests included), records the verdict, and re-runs the correct
-solution cell so the exercises after it start from a right answer. One kernel per lesson instead of
-one full grading run per wrong answer; `tests/test_wrong_answers.py` shows on a sample that the
-verdicts equal `m11 grade`'s on the substituted notebook.
+`run_wrong_answers(solution)` grades them all in **one graded run** through the grader's own
+machinery (runner.py: nbval in a child process, the grading plugin, the tamper guard around every
+check cell, the same scoring): it builds one notebook, the solution top to bottom (every check
+cell must pass: full marks), then for each wrong answer its code in place of the solution cell, the
+exercise's check cells (hidden tests included), and the correct solution cell again so the
+exercises after it start from a right answer. One kernel per lesson instead of one full grading run
+per wrong answer; `tests/test_wrong_answers.py` shows on a sample that the verdicts equal
+`m11 grade`'s on the solution notebook with that one answer substituted. The kernel runs in a
+temporary copy of the solution's folder (nothing is written into the repository).
 
     python -m m11_helpers.grading.wrong_answers solutions/00_welcome.ipynb
 """
@@ -33,11 +36,13 @@ import re
 import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import nbformat
 
 from m11_helpers.grading.exercises import m11_meta
+from m11_helpers.grading.runner import _CellMap, prepare, run_cells, score, why
 
 __all__ = ["WrongAnswer", "Verdict", "parse", "wrong_answers_path", "run_wrong_answers", "main"]
 
@@ -58,9 +63,10 @@ class WrongAnswer:
 @dataclasses.dataclass
 class Verdict:
     answer: WrongAnswer
-    scored_zero: bool  # some check cell of the exercise failed
+    scored_zero: bool  # the exercise scored 0, exactly as `m11 grade` scores it
     message: str  # the first failure, as the learner would read it
     hint_ok: bool  # `expect` appears in the message
+    why: str = ""  # what `m11 grade`'s report would say
 
 
 def wrong_answers_path(solution: Path) -> Path:
@@ -96,72 +102,85 @@ def parse(text: str, name: str = "wrong answers") -> list[WrongAnswer]:
     return answers
 
 
-def _error_text(err: Exception) -> str:
-    ename, evalue = getattr(err, "ename", type(err).__name__), getattr(err, "evalue", str(err))
-    return f"{ename}: {evalue}".strip()
+def _index(nb) -> tuple[dict[str, list[int]], dict[str, list[int]]]:
+    sol: dict[str, list[int]] = {}
+    chk: dict[str, list[int]] = {}
+    for i, cell in enumerate(nb.cells):
+        meta = m11_meta(cell)
+        if cell.cell_type == "code" and meta.get("role") in ("solution", "check"):
+            (sol if meta["role"] == "solution" else chk).setdefault(str(meta["exercise"]), []).append(i)
+    return sol, chk
+
+
+def _build(nb, answers: list[WrongAnswer], sol: dict, chk: dict):
+    """The solution, then per answer: its code, the exercise's checks, the right solution again."""
+    graded, _ = prepare(nb, nb)  # what `m11 grade` runs for this notebook: outputs stripped, checks in place
+    plans = []
+    for n, a in enumerate(answers):
+        target = sol[a.exercise][a.cell]
+        wrong = copy.deepcopy(graded.cells[target])
+        wrong.source, wrong["id"] = a.source, f"wrong-{n}"
+        checks = [copy.deepcopy(graded.cells[c]) for c in chk[a.exercise]]
+        for k, c in enumerate(checks):
+            c["id"] = f"wrong-{n}-check-{k}"
+        again = copy.deepcopy(graded.cells[target])
+        again["id"] = f"wrong-{n}-again"
+        first = len(graded.cells)
+        graded.cells += [wrong, *checks, again]
+        points = sum(float(m11_meta(c).get("points") or 0) for c in checks)
+        plans.append(_CellMap(a.exercise, points, list(range(first + 1, first + 1 + len(checks))), [first]))
+    return graded, plans
 
 
 def run_wrong_answers(solution: Path, answers: list[WrongAnswer] | None = None, *, cell_timeout: float = 120,
-                      extra_paths: tuple[Path, ...] = ()) -> tuple[list[str], list[Verdict]]:
-    """Grade `answers` (default: the lesson's file) in one kernel; return (solution failures, verdicts).
+                      extra_paths: tuple[Path, ...] = (),
+                      notebook_timeout: float = 1800) -> tuple[list[str], list[Verdict]]:
+    """Grade `answers` (default: the lesson's file) in one graded run; return (solution failures, verdicts).
 
-    The notebook runs from a copy in a temporary folder (with `extra_paths` copied beside it), so
-    nothing it writes lands in the repository. The first list holds the check cells of the correct
-    solution that failed (empty: full marks).
+    The notebook runs from a copy of itself in a temporary folder (with `extra_paths` copied beside
+    it). The first list holds the cells of the correct solution that failed (empty: full marks).
     """
-    from nbclient import NotebookClient
-    from nbclient.exceptions import CellExecutionError, CellTimeoutError
-
     solution = Path(solution)
     if answers is None:
         answers = parse(wrong_answers_path(solution).read_text(encoding="utf-8"), str(wrong_answers_path(solution)))
     nb = nbformat.read(solution, as_version=4)
-    sol_cells: dict[str, list[int]] = {}
-    check_cells: dict[str, list[int]] = {}
-    for i, cell in enumerate(nb.cells):
-        meta = m11_meta(cell)
-        if cell.cell_type == "code" and meta.get("role") == "solution":
-            sol_cells.setdefault(str(meta["exercise"]), []).append(i)
-        elif cell.cell_type == "code" and meta.get("role") == "check":
-            check_cells.setdefault(str(meta["exercise"]), []).append(i)
+    sol, chk = _index(nb)
     for a in answers:
-        if a.exercise not in check_cells or a.cell >= len(sol_cells.get(a.exercise, [])):
+        if a.exercise not in chk or a.cell >= len(sol.get(a.exercise, [])):
             raise ValueError(f"line {a.line}: exercise {a.exercise} (cell={a.cell}) has no such solution cell "
-                             f"in {solution.name}; exercises: {', '.join(sorted(check_cells))}")
-    failures: list[str] = []
-    verdicts: list[Verdict] = []
+                             f"in {solution.name}; exercises: {', '.join(sorted(chk))}")
+    graded, plans = _build(nb, answers, sol, chk)
+    notes: list[str] = []
     with tempfile.TemporaryDirectory(prefix="m11-wrong-") as tmp:
+        shutil.copy(solution, Path(tmp) / solution.name)
         for extra in extra_paths:
             (shutil.copytree if extra.is_dir() else shutil.copy)(extra, Path(tmp) / extra.name)
-        client = NotebookClient(nb, timeout=cell_timeout, kernel_name="python3",
-                                resources={"metadata": {"path": tmp}})
-
-        def run(index: int, source: str | None = None) -> str | None:
-            cell = copy.deepcopy(nb.cells[index])
-            if source is not None:
-                cell.source = source
-            try:
-                client.execute_cell(cell, index)
-            except (CellExecutionError, CellTimeoutError) as err:
-                return _error_text(err)
-            return None
-
-        with client.setup_kernel():
-            for i, cell in enumerate(nb.cells):
-                if cell.cell_type != "code":
-                    continue
-                err = run(i)
-                if err is not None and i in sum(check_cells.values(), []):
-                    failures.append(f"cell {i} ({m11_meta(cell).get('exercise')}): {err.splitlines()[0][:300]}")
-                elif err is not None:
-                    failures.append(f"cell {i} (not a check cell) failed: {err.splitlines()[0][:300]}")
-            for a in answers:
-                target = sol_cells[a.exercise][a.cell]
-                message = run(target, a.source) or next(
-                    (e for e in (run(c) for c in check_cells[a.exercise]) if e is not None), "")
-                verdicts.append(Verdict(a, bool(message), message, a.expect.lower() in message.lower()))
-                run(target)  # back to the right answer for what follows
+        cells = run_cells(graded, Path(tmp), cell_timeout, time.monotonic() + notebook_timeout, notes)
+    checks = {i for ids in chk.values() for i in ids}
+    failures = [f"note: {n.splitlines()[0][:300]}" for n in notes]
+    for i, cell in enumerate(nb.cells):
+        rec = cells.get(i)
+        if cell.cell_type != "code" or (i not in checks and (rec or {}).get("outcome") != "failed"):
+            continue
+        if rec is None or rec.get("outcome") != "passed":
+            kind = f"({m11_meta(cell).get('exercise')})" if i in checks else "(not a check cell) failed"
+            failures.append(f"cell {i} {kind}: {why(rec).splitlines()[0][:300]}")
+    verdicts = []
+    for a, plan, result in zip(answers, plans, score(plans, cells)):
+        bad = next((cells.get(i) for i in [*plan.solutions, *plan.checks]
+                    if (cells.get(i) or {}).get("outcome") != "passed"), None)
+        message = _full(bad) if result.points == 0 else ""
+        verdicts.append(Verdict(a, result.points == 0, message, a.expect.lower() in message.lower(), result.why))
     return failures, verdicts
+
+
+def _full(rec: dict | None) -> str:
+    """The whole failure a learner would read (the report shows its first lines)."""
+    if not rec:
+        return "not run"
+    if rec.get("tampering"):
+        return why(rec)
+    return f"{rec.get('ename', '')}: {rec.get('evalue', '')}".strip(": ") or why(rec)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,11 +10,17 @@ launch, forks real processes on Colab's CPU runtime too (where Accelerate runs t
 in-process), pins one OpenMP thread per rank (a forked child that uses more after the kernel has
 hangs forever), and turns a crash, a dead rank or a hang into a `LaunchError` naming the rank,
 within seconds or at `timeout`, with no process left behind.
+
+`launch_script` runs `accelerate launch` (command.py) under a supervisor that kills the agent and
+every rank when the caller ends, however it ends (script.py says why and how), and reads back what
+the ranks `report()` (results.py).
 """
 
 from m11_helpers.launch.base import LaunchError, LaunchPlan, LaunchTimeout, launch_plan
+from m11_helpers.launch.command import accelerate_command
 from m11_helpers.launch.fork import launch
-from m11_helpers.launch.script import RESULTS_ENV, ScriptRun, accelerate_command, launch_script, report
+from m11_helpers.launch.results import RESULTS_ENV, report
+from m11_helpers.launch.script import ScriptRun, launch_script
 
 __all__ = ["LaunchError", "LaunchTimeout", "LaunchPlan", "ScriptRun", "accelerate_command", "launch",
            "launch_script", "launch_plan", "report", "RESULTS_ENV"]

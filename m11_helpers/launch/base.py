@@ -54,9 +54,12 @@ def launch_plan(num_processes: int = 2, device: str = "auto", threads_per_proces
     positive_int("num_processes", num_processes)
     one_of("device", device, ("auto", "cpu", "cuda"))
     positive_int("threads_per_process", threads_per_process)
-    import torch
+    if device == "cpu":
+        gpus = 0  # a CPU launch need not import torch here (seconds in a fresh process)
+    else:
+        import torch
 
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if device == "cuda" and num_processes > gpus:
         raise ValueError(
             f"num_processes={num_processes} with device='cuda' needs one GPU per process, "

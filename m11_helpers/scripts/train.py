@@ -1,210 +1,289 @@
-"""The capstone: one Accelerate training script of the tiny GPT whose flags switch each lever.
+"""The reference training script: FSDP2 (or DDP), sharded async checkpoints, resume on any number of ranks.
 
-    launch_script("scripts/train.py", "--parallel", "fsdp2", "--bf16", "--accum", "2", num_processes=4)
-    launch_script("scripts/train.py", "--sweep", "ddp,fsdp2,bf16", num_processes=4)   # several runs, one process group
-    ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 4 course/scripts/train.py --parallel fsdp2
-    accelerate launch --multi_gpu --num_processes 8 course/scripts/train.py --parallel fsdp2 --bf16   # 8 GPUs
+    ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 4 $(m11 script train.py) --ckpt-dir ckpt
+    accelerate launch --multi_gpu --num_processes 8 $(m11 script train.py) --bf16 --ckpt-dir ckpt          # 8 GPUs
+    torchrun --standalone --nproc-per-node 8 --max-restarts 3 $(m11 script train.py) --bf16 --ckpt-dir ckpt
+    launch(run_train, "--steps", "12", "--ckpt-dir", d, num_processes=4)   # a notebook: m11_helpers.reference_run
 
-Levers: --parallel ddp|fsdp2 (FSDP2 `fully_shard` on a device mesh, applied here directly: Accelerate's
-FSDP plugin does not shard on CPU), --bf16 (torch.autocast), --accum K (K micro-batches per step, the
-global batch unchanged), --checkpointing (each block recomputed in backward), --clip NORM (global norm),
---warmup STEPS (linear LR warmup). --ckpt-dir DIR: SIGTERM → the ranks agree → an atomic, world-size-
-independent checkpoint (full state dict) → exit; --resume continues from it bit-exactly. Each run
-report()s its losses, median step time, and measured bytes per rank: parameters, gradients, optimizer
-state (local shards), activations (saved tensors of one micro-batch), elements communicated per step.
-Lesson 11.
+Stop it any way you like (SIGKILL, a lost node, a spot notice) and start it again with the same
+--ckpt-dir, on the same or another number of ranks: it continues from the newest complete checkpoint.
+No flag, no human step; under torchrun's --max-restarts the agent restarts it by itself. On the same
+number of ranks it continues bit for bit (FSDP2 at any size; DDP at 2 ranks: at more, its first step
+after a start uses another bucket layout, so another summation order); on another number of ranks, to
+float-summation tolerance (tests/test_train_script.py states and tests both). Top to bottom:
+
+1. Processes: the launcher's environment (RANK, WORLD_SIZE, ...); NCCL on GPUs, gloo on CPUs.
+2. The model on the meta device (nothing allocated) → activation checkpointing (--ac) → FSDP2
+   `fully_shard` per block, then the root, with MixedPrecisionPolicy (bf16 compute with --bf16, fp32
+   gradient reduction) — or DDP (+ autocast with --bf16) → allocate and initialise this rank's shards.
+3. AdamW (fused kernel; no weight decay on biases and norm gains), linear warmup + cosine decay.
+4. Resume: newest complete checkpoint in --ckpt-dir, each rank reading only the slices it now owns.
+5. Each step: --accum micro-batches, gradients reduced on the LAST one only; global-norm clipping;
+   the spike guard's verdict (roll back and skip batches, or step); tokens/s and MFU; an async
+   checkpoint every --ckpt-every steps that training does not wait for.
+6. SIGTERM (a spot notice) on any rank → all ranks stop at the same step → final checkpoint → exit 0.
+
+Data: seeded synthetic token sequences (`m11_helpers.data`). The global batch --batch is the same on
+any number of ranks: rank r of N reads rows [r·B/N, (r+1)·B/N) of each global batch, so a run resumed
+on another world size reads exactly the same sequences. The loss is the mean over the global batch.
+Fault drills (--inject-bad-batch, --crash-at, --hang-at) SIMULATE faults; the recovery is real. Lesson 10.
 """
 
 import argparse
 import contextlib
+import functools
 import gc
-import hashlib
+import math
 import os
-import signal
 import statistics
 import time
-from pathlib import Path
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from accelerate import Accelerator
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
+import torch.nn.functional as F
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.checkpoint import checkpoint
 
-from m11_helpers.capstone import checkpoint_blocks, local_bytes, track_activations
+from m11_helpers.config import TINY_GPT, param_count
 from m11_helpers.data import tokens
-from m11_helpers.fault_tolerance import PreemptionNotice, atomic_save, batch_indices, latest_checkpoint, load_checkpoint
-from m11_helpers.fsdp import TrafficCounter, apply_fsdp, init_device_mesh
+from m11_helpers.fault_tolerance import PreemptionNotice, batch_indices
 from m11_helpers.launch import report
-from m11_helpers.models import tiny_gpt
-
-# Named configurations for --sweep: each changes one lever of the baseline (DDP, fp32, no extras).
-PRESETS = {
-    "ddp": {}, "fsdp2": {"parallel": "fsdp2"}, "bf16": {"bf16": True}, "accum2": {"accum": 2},
-    "checkpointing": {"checkpointing": True}, "clip": {"clip": 0.5}, "warmup": {"warmup": 4},
-    "all": {"parallel": "fsdp2", "bf16": True, "accum": 2, "checkpointing": True, "clip": 0.5, "warmup": 4},
-}
-
-parser = argparse.ArgumentParser()
-parser.add_argument("--parallel", choices=("ddp", "fsdp2"), default="ddp")
-parser.add_argument("--bf16", action="store_true", help="torch.autocast to bfloat16 (weights stay fp32)")
-parser.add_argument("--accum", type=int, default=1, help="micro-batches per optimizer step")
-parser.add_argument("--checkpointing", action="store_true", help="activation checkpointing of every block")
-parser.add_argument("--clip", type=float, default=0.0, help="global gradient-norm clipping (0: off)")
-parser.add_argument("--warmup", type=int, default=0, help="linear LR warmup steps (0: off)")
-parser.add_argument("--steps", type=int, default=6)
-parser.add_argument("--batch", type=int, default=16, help="global batch (sequences per optimizer step)")
-parser.add_argument("--lr", type=float, default=3e-3)
-parser.add_argument("--seed", type=int, default=0)
-parser.add_argument("--ckpt-dir", default="", help="checkpoint here on SIGTERM (and every --ckpt-every steps)")
-parser.add_argument("--ckpt-every", type=int, default=0)
-parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --ckpt-dir")
-parser.add_argument("--preempt-at", type=int, default=-1, help="rank 0 sends the launcher SIGTERM after this step")
-parser.add_argument("--sweep", default="", help=f"comma-separated presets run one after another: {', '.join(PRESETS)}")
-args = parser.parse_args()
-
-notice = PreemptionNotice()  # first: a notice during start-up is not lost
-acc = Accelerator()
-rank, world, device = acc.process_index, acc.num_processes, acc.device
-mesh = init_device_mesh(device.type, (world,)) if world > 1 else None
-x_all, y_all = tokens(n=512, seed=args.seed).tensors  # (512, T) inputs, (512, T) next tokens
+from m11_helpers.lr_schedule import warmup_cosine
+from m11_helpers.meta_init import materialize
+from m11_helpers.models import TinyGPT
+from m11_helpers.sharded_checkpoint import Checkpointer, weights_checksum
+from m11_helpers.spike_guard import SpikeGuard, inject, next_batch, parse_batches, skip_window
+from m11_helpers.throughput import device_peak, step_throughput
+from m11_helpers.validate import non_negative_int, positive_int, positive_real
 
 
-def build(cfg):
-    model = tiny_gpt(args.seed).to(device)
-    if cfg["checkpointing"]:
-        checkpoint_blocks(model)  # torchtitan's order: activation checkpointing, then sharding
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
-    counter = {"all_reduce": 0}
-    if cfg["parallel"] == "fsdp2" and mesh is not None:
-        apply_fsdp(model, mesh)  # each block, then the root: parameters become DTensor Shard(0), in place
-        counter = TrafficCounter().attach(model)
-        opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)  # over the shards
-    elif world > 1:
-        # Accelerate wraps: DDP by default; FSDP or DeepSpeed with configs/fsdp_gpu.yaml, configs/deepspeed_gpu.yaml.
-        model, opt = acc.prepare(model, opt)
-        if isinstance(model, DDP):
-            def count(state, bucket):  # a comm hook that counts what DDP all-reduces, then all-reduces it
-                counter["all_reduce"] += bucket.buffer().numel()
-                fut = dist.all_reduce(bucket.buffer().div_(world), async_op=True).get_future()
-                return fut.then(lambda f: f.value()[0])
-
-            model.register_comm_hook(None, count)
-    warm = cfg["warmup"]
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
-    return model, opt, sched, counter
-
-
-def traffic(counter) -> int:
-    return counter.totals()["all_gather"] + counter.totals()["reduce_scatter"] if hasattr(counter, "totals") \
-        else counter["all_reduce"]
-
-
-def save(model, opt, sched, step: int, folder: Path) -> None:
-    """Full (unsharded) state dict gathered on every rank, rank 0 writes it atomically: resumable on any N."""
-    full = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    state = {"model": get_model_state_dict(model, options=full), "optimizer": get_optimizer_state_dict(model, getattr(opt, "optimizer", opt), options=full),
-             "scheduler": sched.state_dict(), "step": step, "world_size": world}
-    if acc.is_main_process:
-        atomic_save(state, folder / f"step{step:05d}.pt")
-    acc.wait_for_everyone()
+def parse(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="The course's reference training script (tiny GPT, FSDP2 or DDP).")
+    p.add_argument("--parallel", choices=("fsdp2", "ddp"), default="fsdp2")
+    p.add_argument("--steps", type=int, default=20, help="optimizer steps of the whole run (a resumed run ends there too)")
+    p.add_argument("--batch", type=int, default=16, help="global batch in sequences, the same on any number of ranks")
+    p.add_argument("--accum", type=int, default=1, help="micro-batches per step; gradients reduced on the last only")
+    p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate")
+    p.add_argument("--warmup", type=int, default=4, help="linear warmup steps, then cosine decay")
+    p.add_argument("--min-lr-ratio", type=float, default=0.1, help="the cosine ends at this fraction of --lr")
+    p.add_argument("--weight-decay", type=float, default=0.1)
+    p.add_argument("--clip", type=float, default=1.0, help="global gradient-norm clipping (0: measure the norm only)")
+    p.add_argument("--bf16", action="store_true", help="bf16 compute: FSDP2 MixedPrecisionPolicy / DDP autocast")
+    p.add_argument("--ac", action="store_true", help="activation checkpointing: recompute each block in backward")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--data-size", type=int, default=2048, help="sequences in the synthetic data set")
+    p.add_argument("--ckpt-dir", default="", help="checkpoint folder; the run resumes from it when it holds one")
+    p.add_argument("--ckpt-every", type=int, default=5, help="checkpoint every N steps")
+    p.add_argument("--keep", type=int, default=3, help="complete checkpoints kept (older ones are deleted)")
+    p.add_argument("--sync-ckpt", action="store_true", help="block on each save instead of writing in the background")
+    p.add_argument("--no-guard", action="store_true", help="apply every step, NaN or spike (to see why the guard exists)")
+    p.add_argument("--spike-factor", type=float, default=3.0, help="a loss above this × the running median is a spike")
+    p.add_argument("--skip-batches", default="", help="batch indices never to read, e.g. '12-15,40'")
+    p.add_argument("--inject-bad-batch", type=int, default=-1, help="DRILL: batch index whose loss is corrupted")
+    p.add_argument("--bad-batch-kind", choices=("spike", "nan"), default="nan", help="DRILL: ×1000 or NaN")
+    p.add_argument("--crash-at", type=int, default=-1, help="DRILL: --fault-rank raises at this step")
+    p.add_argument("--hang-at", type=int, default=-1, help="DRILL: --fault-rank stops responding at this step")
+    p.add_argument("--fault-rank", type=int, default=-1, help="DRILL: the rank that crashes or hangs (-1: the last)")
+    p.add_argument("--timeout", type=float, default=300, help="seconds a collective waits for a silent peer")
+    p.add_argument("--log-every", type=int, default=1)
+    args = p.parse_args(argv)
+    for name in ("steps", "batch", "accum", "ckpt_every", "keep", "data_size", "log_every"):
+        positive_int(f"--{name.replace('_', '-')}", getattr(args, name))
+    for name in ("lr", "timeout", "spike_factor"):
+        positive_real(f"--{name.replace('_', '-')}", getattr(args, name))
+    non_negative_int("--warmup", args.warmup)
+    return args
 
 
-def train(cfg: dict, preemptible: bool = True) -> dict:
-    torch.manual_seed(args.seed)
-    model, opt, sched, counter = build(cfg)
-    start, folder = 0, Path(args.ckpt_dir) if (args.ckpt_dir and preemptible) else None
-    if args.resume and folder and (path := latest_checkpoint(folder)) is not None:
-        state = load_checkpoint(path)  # every rank reads the full state; set_* keep this rank's shard
-        set_model_state_dict(model, state["model"], options=StateDictOptions(full_state_dict=True))
-        set_optimizer_state_dict(model, getattr(opt, "optimizer", opt), state["optimizer"], options=StateDictOptions(full_state_dict=True))
-        sched.load_state_dict(state["scheduler"])
-        start = state["step"]
-        if acc.is_main_process:
-            print(f"resumed from {path.name} at step {start} (saved by {state['world_size']} ranks)")
-    K, local = cfg["accum"], args.batch // world
-    if args.batch % (world * K):
-        raise ValueError(f"--batch {args.batch} must be divisible by processes × accum = {world * K}")
-    micro = local // K
-    losses, times, grad_bytes, act_bytes, comm, norms, preempted_at = [], [], 0, 0, [], [], None
-    for step in range(start, args.steps):
-        if preemptible and notice.agreed():  # one all_reduce(MAX): every rank stops at this same step
-            save(model, opt, sched, step, folder)
-            preempted_at = step
-            if acc.is_main_process:
-                print(f"spot notice: checkpoint of step {step} written, exiting")
-            break
-        t0, before = time.perf_counter(), traffic(counter)
-        rows = batch_indices(step, args.batch, len(x_all), seed=args.seed)[rank * local:(rank + 1) * local]  # (B/N,)
-        step_loss = torch.zeros((), device=device)
-        for k in range(K):
-            idx = rows[k * micro:(k + 1) * micro]  # (B/(N·K),) this micro-batch
-            x, y = x_all[idx].to(device), y_all[idx].to(device)  # (b, T), (b, T)
+def setup(args):
+    """Join the process group the launcher describes; returns (rank, world size, device)."""
+    cuda = torch.cuda.is_available() and os.environ.get("ACCELERATE_USE_CPU", "").lower() not in ("1", "true")
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():  # m11_helpers.launch has joined it already
+        # GPUs: NCCL for CUDA tensors, gloo beside it for CPU ones (DCP's planning, small flags)
+        backend, timeout = "cpu:gloo,cuda:nccl" if cuda else "gloo", timedelta(seconds=args.timeout)
+        if "WORLD_SIZE" in os.environ:  # torchrun / accelerate launch
+            dist.init_process_group(backend, timeout=timeout)
+        else:  # plain `python train.py`: a group of one
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+    return dist.get_rank(), dist.get_world_size(), device
+
+
+def build_model(args, device, world):
+    with torch.device("meta"):
+        model = TinyGPT(TINY_GPT)  # shapes only: nothing allocated, no random number drawn
+    if args.ac:  # before sharding (torchtitan's order); the blocks' state-dict keys stay unchanged
+        for block in model.blocks:  # keep each block's input only, recompute the rest during backward
+            block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
+    if args.parallel == "fsdp2":
+        mesh = init_device_mesh(device.type, (world,))
+        # bf16 copies for compute, fp32 shards kept by the optimizer, gradients reduced in fp32
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if args.bf16 else None, reduce_dtype=torch.float32)
+        for block in model.blocks:
+            fully_shard(block, mesh=mesh, mp_policy=mp)  # one all-gather per block, just before it runs
+        fully_shard(model, mesh=mesh, mp_policy=mp)  # the rest: embeddings (tied with the head), final norm
+    materialize(model, device, seed=args.seed)  # this rank's shards, the weights of the whole model's init
+    if args.parallel == "ddp":
+        model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    return model
+
+
+def build_optimizer(args, model, device):
+    params = list(model.parameters())
+    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": args.weight_decay},  # matrices
+              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]  # biases, norm gains (GPT-3)
+    fused = device.type in ("cuda", "cpu")  # one kernel per step for all tensors where the device has it
+    opt = torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.95), fused=fused)
+    return opt, warmup_cosine(opt, warmup=args.warmup, total=args.steps, floor=args.min_lr_ratio)
+
+
+def stop_requested(notice, device) -> bool:
+    """True on every rank once any rank got SIGTERM: all_reduce(MAX) of its flag, on the training device
+    (an NCCL-only group, as m11_helpers.launch makes on GPUs, cannot reduce the CPU tensor of notice.agreed())."""
+    flag = torch.tensor([1.0 if notice.received else 0.0], device=device)  # (1,)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
+def main(argv=None, observer=None) -> dict:
+    args = parse(argv)
+    notice = PreemptionNotice()  # first: a spot notice during start-up is not lost
+    rank, world, device = setup(args)
+    restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))  # set by torchrun's agent
+    fault_rank = args.fault_rank if args.fault_rank >= 0 else world - 1
+    # Each drill fires on its own attempt, in step order (the first on attempt 0), so a restart gets past it.
+    drills = dict(enumerate(sorted(((kind, s) for kind, s in (("crash", args.crash_at), ("hang", args.hang_at))
+                                    if s >= 0), key=lambda d: d[1])))
+    if args.batch % (world * args.accum):
+        raise ValueError(f"--batch must be divisible by processes × --accum = {world * args.accum}, got {args.batch}")
+    local, K = args.batch // world, args.accum
+    x_all, y_all = tokens(n=args.data_size, seed=args.seed).tensors  # (n, T) inputs, (n, T) next tokens
+
+    def micro_batches(batch):
+        rows = batch_indices(batch, args.batch, len(x_all), seed=args.seed)  # (B,) the global batch
+        for idx in rows[rank * local:(rank + 1) * local].chunk(K):  # this rank's B/N rows, in K pieces
+            yield x_all[idx].to(device), y_all[idx].to(device)  # (B/NK, T), (B/NK, T)
+
+    model = build_model(args, device, world)
+    opt, sched = build_optimizer(args, model, device)
+    if observer is not None and hasattr(observer, "on_build"):
+        observer.on_build(model)  # instrumentation beside the script (tests, harnesses)
+    guard = SpikeGuard(factor=args.spike_factor)
+    progress = {"step": 0, "cursor": 0, "skipped": []}  # the data position is one int (+ what to skip)
+    ckpt = Checkpointer(args.ckpt_dir, keep=args.keep, async_save=not args.sync_ckpt,
+                        timeout=args.timeout) if args.ckpt_dir else None
+    state = {"scheduler": sched, "progress": progress, "guard": guard}  # besides the model and optimizer
+    resumed = ckpt.load(model, opt, **state) if ckpt else None
+    if resumed and resumed["resharded"]:
+        torch.manual_seed(args.seed + 1000 * progress["step"] + rank)  # no saved RNG maps to a new layout
+    progress["skipped"] += [r for r in parse_batches(args.skip_batches) if r not in progress["skipped"]]
+    peak, peak_source = device_peak(device, "bf16" if args.bf16 else "fp32")
+    num_params, T = param_count(TINY_GPT), TINY_GPT.seq_len
+    if rank == 0:
+        print(f"{args.parallel} on {world} × {device.type}, restart {restarts}; "
+              + (f"resumed from {resumed['path']} (saved on {resumed['saved_world_size']} ranks)" if resumed
+                 else "starting at step 0") + f"; MFU against {peak / 1e12:.3g} TFLOP/s ({peak_source})", flush=True)
+
+    def train_step(batch):
+        """Forward and backward over the step's K micro-batches; returns (global loss, global grad norm)."""
+        total = torch.zeros((), device=device)
+        for k, (x, y) in enumerate(micro_batches(batch)):
             last = k == K - 1
-            sync = contextlib.nullcontext() if (last or cfg["parallel"] == "fsdp2") else acc.no_sync(model)
-            measure = step == start and k == 0
-            with sync:
-                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg["bf16"]), (track_activations() if measure else contextlib.nullcontext()) as saved:
-                    loss = model(x, y) / K  # (): the mean over the global batch, once all K are summed
-                if measure:
-                    act_bytes = saved.bytes  # saved for backward by one micro-batch, parameters excluded
-                acc.backward(loss)
-            step_loss += loss.detach()
-        if step == start:
-            grad_bytes = local_bytes(p.grad for p in model.parameters() if p.grad is not None)
-        if cfg["clip"]:
-            clip = torch.nn.utils.clip_grad_norm_ if cfg["parallel"] == "fsdp2" else acc.clip_grad_norm_
-            norm = clip(model.parameters(), cfg["clip"])  # the global norm (a DTensor under FSDP2)
-            norms.append((norm.full_tensor() if hasattr(norm, "full_tensor") else norm).item())
+            # Reduce gradients on the last micro-batch only: the K-1 others accumulate locally, silently.
+            if args.parallel == "fsdp2":
+                model.set_requires_gradient_sync(last)
+            with model.no_sync() if args.parallel == "ddp" and not last else contextlib.nullcontext():
+                with torch.autocast(device.type, torch.bfloat16, enabled=args.bf16 and args.parallel == "ddp"):
+                    logits = model(x)  # (B/NK, T, vocab)
+                # fp32 loss (a bf16 log-softmax loses digits); ÷K: the step's loss is the mean over the batch
+                loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten()) / K
+                if batch == args.inject_bad_batch:
+                    loss = inject(loss, args.bad_batch_kind)  # DRILL: a simulated corrupted batch
+                loss.backward()
+            total += loss.detach()
+        # the global norm (all ranks' shards); max_norm=inf measures without clipping
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip if args.clip > 0 else math.inf)
+        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        dist.all_reduce(total)  # every rank sees the same loss, so every rank reaches the same verdict
+        return total.item() / world, norm.item()
+
+    history, rollbacks, preempted_at, saved_at = [], [], None, resumed["step"] if resumed else None
+    while progress["step"] < args.steps:
+        step = progress["step"]
+        if stop_requested(notice, device):  # every rank leaves at this same step
+            if ckpt:
+                ckpt.save(step, model, opt, **state)
+                ckpt.wait()
+            preempted_at = step
+            break
+        if rank == fault_rank and drills.get(restarts) in (("crash", step), ("hang", step)):  # DRILLS
+            if drills[restarts][0] == "crash":
+                raise RuntimeError(f"injected crash on rank {rank} at step {step} (a drill)")
+            print(f"rank {rank}: injected hang at step {step}; peers time out after {args.timeout:g} s", flush=True)
+            while not notice.received:  # silent until the launcher's SIGTERM
+                time.sleep(0.05)
+            raise SystemExit(143)
+        batch = next_batch(progress["cursor"], progress["skipped"])
+        t0 = time.perf_counter()
+        loss, grad_norm = train_step(batch)
+        reason = None if args.no_guard else guard.check(loss, grad_norm)
+        if reason:  # nothing applied yet: the weights are still good
+            opt.zero_grad(set_to_none=True)
+            guard.rolled_back(reason)  # raises RepeatedSpikes after too many
+            back = ckpt.load(model, opt, **state) if ckpt else None  # the newest complete one, if any
+            window = skip_window(progress["cursor"], batch)  # PaLM: from the checkpoint through the bad batch
+            progress["skipped"].append(window)
+            rollbacks.append({"step": step, "batch": batch, "reason": reason, "to_step": progress["step"],
+                              "skipped": window})
+            if rank == 0:
+                print(f"step {step}: {reason} → " + (f"rolled back to step {back['step']}" if back else "no checkpoint")
+                      + f", skipping batches {window[0]}-{window[1]}", flush=True)
+            continue
+        lr = sched.get_last_lr()[0]  # this step's learning rate
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
-        dist.all_reduce(step_loss) if world > 1 else None
-        losses.append(step_loss.item() / world)
-        times.append(time.perf_counter() - t0)
-        comm.append(traffic(counter) - before)
-        if folder and args.ckpt_every and (step + 1) % args.ckpt_every == 0:
-            save(model, opt, sched, step + 1, folder)
-        if preemptible and step == args.preempt_at and acc.is_main_process and not args.resume:
-            os.kill(os.getppid(), signal.SIGTERM)  # to the launcher, which forwards it to every rank
-            deadline = time.monotonic() + 20
-            while not notice.received and time.monotonic() < deadline:
-                time.sleep(0.01)
-    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))  # full tensors on every rank
-    digest = hashlib.sha256()  # bit-level fingerprint of the weights: equal iff bitwise equal
-    for name, t in sorted(full.items()):
-        digest.update(name.encode() + t.detach().cpu().contiguous().numpy().tobytes())
-    checksum = digest.hexdigest()[:16]
-    out = {**cfg, "losses": losses, "start": start, "preempted_at": preempted_at, "checksum": checksum,
-           "step_s": statistics.median(times[1:] or times) if times else None, "micro_batch": micro,
-           "parameters": local_bytes(model.parameters()), "gradients": grad_bytes,
-           "optimizer": local_bytes(t for s in getattr(opt, "optimizer", opt).state.values() for t in s.values() if torch.is_tensor(t)),
-           "activations": act_bytes, "comm_elements": comm[-1] if comm else 0, "grad_norms": norms}
-    del model, opt, counter
+        guard.accept(loss)
+        progress.update(step=step + 1, cursor=batch + 1)
+        seconds = time.perf_counter() - t0
+        rate = step_throughput(args.batch * T, seconds, num_params, world, peak)
+        record = {"step": step, "batch": batch, "loss": loss, "grad_norm": grad_norm, "lr": lr, "seconds": seconds,
+                  **rate}
+        history.append(record)
+        if rank == 0 and step % args.log_every == 0:
+            print(f"step {step:4d} | loss {loss:.4f} | lr {record['lr']:.2e} | grad norm {grad_norm:.3f} | "
+                  f"{rate['tokens_per_s']:,.0f} tok/s | MFU {100 * rate['mfu']:.2f} %", flush=True)
+        saving = ckpt is not None and progress["step"] % args.ckpt_every == 0
+        if saving:
+            ckpt.save(progress["step"], model, opt, **state)  # async: training goes on while it is written
+            saved_at = progress["step"]
+        if observer is not None and hasattr(observer, "on_step"):
+            observer.on_step({**record, "saved": saving})
+    if ckpt and preempted_at is None and progress["step"] != saved_at:
+        ckpt.save(progress["step"], model, opt, **state)  # the end of training is always checkpointed
+    if ckpt:
+        ckpt.wait()  # the last save lands before the process ends
+    steady = history[1:] or history  # the first step pays for lazy initialisation
+    result = {"rank": rank, "world": world, "restarts": restarts, "start_step": resumed["step"] if resumed else 0,
+              "final_loss": history[-1]["loss"] if history else None,
+              "tokens_per_s": statistics.median(r["tokens_per_s"] for r in steady) if history else None,
+              "mfu": statistics.median(r["mfu"] for r in steady) if history else None,
+              "resumed": resumed, "steps": [r["step"] for r in history], "losses": [r["loss"] for r in history],
+              "history": history, "rollbacks": rollbacks, "skipped": progress["skipped"], "preempted_at": preempted_at,
+              "peak_flops": peak, "peak_source": peak_source, "checksum": weights_checksum(model),
+              "last_checkpoint": ckpt.last_complete if ckpt else None}
+    if observer is not None and hasattr(observer, "on_end"):
+        observer.on_end(model)
+    report(**result)
+    return result
+
+
+if __name__ == "__main__":
+    main()
     gc.collect()  # a live DDP model at interpreter exit can abort the process
-    return out
-
-
-base = {"parallel": args.parallel, "bf16": args.bf16, "accum": args.accum, "checkpointing": args.checkpointing,
-        "clip": args.clip, "warmup": args.warmup}
-names = [n for n in args.sweep.split(",") if n] or ["run"]  # "run": the flags given; a preset: the baseline + its lever
-unknown = [n for n in names if n != "run" and n not in PRESETS]
-if unknown:
-    raise ValueError(f"--sweep: unknown presets {unknown}; choose from {list(PRESETS)}")
-runs = {}
-for name in names:
-    cfg = base if name == "run" else {**{k: v for k, v in base.items()}, "parallel": "ddp", "bf16": False, "accum": 1,
-                                      "checkpointing": False, "clip": 0.0, "warmup": 0, **PRESETS[name]}
-    runs[name] = r = train(cfg, preemptible=name == "run")  # presets: never checkpointed nor resumed
-    if acc.is_main_process and r["losses"]:
-        print(f"{name:>13}: loss {r['losses'][0]:.4f} -> {r['losses'][-1]:.4f}, step {1e3 * r['step_s']:.0f} ms, "
-              f"params {r['parameters']} B, optimizer {r['optimizer']} B, activations {r['activations']} B")
-report(runs=runs, world=world, rank=rank, device=device.type)
-acc.free_memory()  # drop the prepared (DDP) models first: a live DDP model at exit can abort the process
-acc.end_training()  # destroys the process group before the interpreter exits
+    dist.destroy_process_group()  # before the interpreter exits

@@ -1,6 +1,10 @@
 """Fetch the slide decks' front-end assets once, at set-up time, so `m11 slides` never needs a network.
 
-    .venv/bin/python -m m11_helpers.tools.assets [--force]
+    .venv/bin/python -m m11_helpers.tools.assets [--force] [--optional]
+
+`--optional` is what set-up (`make lab`, `make test`) runs: without npm, or without a network, it
+prints what the decks then need and exits 0, so JupyterLab, the lessons and the tests still work;
+`m11 slides --cdn` builds decks that load the same versions from a CDN instead.
 
 Each npm package is fetched with `npm pack` (a tarball, no node_modules) and only the files a deck
 loads are kept: reveal.js (CSS, UMD bundle, themes with their local fonts, notes plugin), MathJax 3
@@ -54,17 +58,27 @@ def installed(cache: Path | None = None) -> bool:
 
 def assets_hint() -> str | None:
     """None when the offline slide assets are installed, else the command that installs them."""
-    return None if installed() else f"missing: run `{sys.executable} -m m11_helpers.tools.assets` (into {assets_dir()})"
+    return None if installed() else (f"missing: run `{fetch_command()}` (into {assets_dir()}; needs npm), "
+                                     "or build decks with `m11 slides --cdn`")
+
+
+def fetch_command() -> str:
+    """The command that fills the cache, with this interpreter (a venv's, or a pip install's python)."""
+    return f"{sys.executable} -m m11_helpers.tools.assets"
+
+
+class NpmMissing(RuntimeError):
+    """npm is not on PATH: offline slide assets cannot be fetched (nothing else needs npm)."""
 
 
 def _npm() -> str:
     npm = shutil.which("npm")
     if npm is None:
-        raise RuntimeError(
+        raise NpmMissing(
             "npm was not found, and it is needed once to fetch reveal.js, MathJax and require.js "
             "for offline slides. Install Node.js (which brings npm): `sudo apt-get install -y npm` "
             "on Debian/Ubuntu, `brew install node` on macOS, or https://nodejs.org; then rerun "
-            "`.venv/bin/python -m m11_helpers.tools.assets`."
+            f"`{fetch_command()}`. Until then `m11 slides --cdn` builds decks that load them from a CDN."
         )
     return npm
 
@@ -123,18 +137,24 @@ def size_bytes(path: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """0 when the assets are there (or, with --optional, could not be fetched); 1 on a failed fetch; 2 on usage."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    unknown = [a for a in argv if a != "--force"]
+    unknown = [a for a in argv if a not in ("--force", "--optional")]
     if unknown:
-        print(f"usage: python -m m11_helpers.tools.assets [--force]  (unknown: {' '.join(unknown)})",
+        print(f"usage: python -m m11_helpers.tools.assets [--force] [--optional]  (unknown: {' '.join(unknown)})",
               file=sys.stderr)
         return 2
     was = installed()
     try:
         cache = fetch_assets(force="--force" in argv)
     except RuntimeError as err:
-        print(f"m11 assets: {err}", file=sys.stderr)
-        return 1
+        if "--optional" not in argv:
+            print(f"m11 assets: {err}", file=sys.stderr)
+            return 1
+        # set-up goes on: JupyterLab, the lessons, the tests and CDN decks need no assets
+        why = "npm is not installed" if isinstance(err, NpmMissing) else "fetching them failed"
+        print(f"slide assets skipped ({why}); everything but offline decks works without them.\n  {err}")
+        return 0
     state = "already present" if was and "--force" not in argv else "fetched"
     versions = ", ".join(f"{k} {v}" for k, v in PACKAGES.items())
     print(f"slide assets {state}: {cache} ({versions}; {size_bytes(cache) / 1e6:.1f} MB)")

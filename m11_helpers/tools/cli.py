@@ -8,12 +8,15 @@
     m11 nbclean [--check] ...   strip volatile outputs and metadata from notebooks
     m11 new-lesson NN topic     write a lesson skeleton that passes the suite
     m11 script NAME             print the path of a training script that ships with the course
+    m11 gpu-check [--list]      run every GPU branch of the course on this machine, report in build/
 """
 
 from __future__ import annotations
 
 import importlib
 import sys
+
+from m11_helpers.tools.paths import NotInRepository
 
 # subcommand -> (module, function taking argv and returning an exit code, one-line help)
 COMMANDS = {
@@ -25,7 +28,13 @@ COMMANDS = {
     "nbclean": ("m11_helpers.tools.notebooks", "main", "strip volatile outputs and metadata from notebooks"),
     "new-lesson": ("m11_helpers.tools.new_lesson", "main", "write a lesson skeleton that passes the suite"),
     "script": ("m11_helpers.tools.scripts", "main", "print the path of a course script (for accelerate launch)"),
+    "gpu-check": ("m11_helpers.tools.gpu_check", "main", "run every GPU branch of the course, write build/gpu-check.md"),
 }
+
+
+# the extra a command needs beyond the core (the notebooks' install): without it, `m11` says what to install
+EXTRAS = {"course": "slides", "slides": "slides", "grade": "grade", "make-exercises": "grade", "nbclean": "dev",
+          "new-lesson": "dev"}
 
 
 def _usage() -> str:
@@ -53,6 +62,18 @@ def main(argv: list[str] | None = None) -> int:
         return int(getattr(importlib.import_module(module), func)(rest) or 0)
     except SystemExit as e:  # argparse's usage errors exit 2; keep that code, never a traceback
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+    except NotInRepository as e:  # `m11 course` outside the course repository: a usage mistake
+        print(f"m11 {name}: {e}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as e:  # a command whose extra is not installed (e.g. nbconvert for slides)
+        extra = EXTRAS.get(name)
+        if extra is None or not e.name or e.name.split(".")[0] == "m11_helpers":
+            raise
+        from m11_helpers.tools.setup_cell import install_spec
+
+        print(f"m11 {name}: needs {e.name!r}, which the course's [{extra}] extra installs: "
+              f"{sys.executable} -m pip install '{install_spec(extra=extra)}'", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

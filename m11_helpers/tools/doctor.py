@@ -4,18 +4,24 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import sys
 
 from m11_helpers.environment import environment, package_version, setup_line
+from m11_helpers.tools.setup_cell import install_spec
 
 
 def checks() -> list[tuple[str, bool, str]]:
     """(what, ok, detail) for each thing the course uses; missing ones say how to get them."""
     out = []
-    for pkg, why in [("torch", "everything"), ("accelerate", "launches"), ("jupyterlab", "the lessons"),
-                     ("ipywidgets", "labs and quizzes"), ("nbval", "tests and grading"),
-                     ("nbconvert", "slides"), ("matplotlib", "plots")]:
+    # the core (what a notebook imports), then what each extra adds: a missing extra is only a hint
+    for pkg, why, extra in [("torch", "everything", None), ("accelerate", "launches", None),
+                            ("ipywidgets", "labs and quizzes", None), ("matplotlib", "plots", None),
+                            ("jupyterlab", "JupyterLab and RISE slides on this machine", "lab"),
+                            ("nbconvert", "`m11 slides` / `m11 course`", "slides"),
+                            ("nbval", "`m11 grade` and the tests", "grade")]:
         v = package_version(pkg)
-        out.append((pkg, v is not None, v or f"missing (needed for {why}): pip install {pkg}"))
+        fix = f"pip install '{install_spec(extra=extra)}'" if extra else f"pip install {pkg}"
+        out.append((pkg, v is not None, v or f"missing (needed for {why}): {sys.executable} -m {fix}"))
     from m11_helpers.tools.assets import assets_hint
 
     assets = assets_hint()

@@ -67,8 +67,6 @@ def create_lesson(root: Path, number: str, topic: str, title: str, run: bool = T
         raise ValueError(f"topic {topic!r}: these files exist already: {', '.join(existing)}; choose another topic")
     values = {"NN": number, "TOPIC": topic, "STEM": stem, "TITLE": title}
     lesson = from_percent(_fill("lesson.py.txt", SETUP=_setup_percent(), **values))
-    if run:  # store the checked cells' outputs, as `m11 nbclean --refresh` would
-        lesson = clean(refresh(lesson, cwd=root / "course"))
     solution = from_percent(_fill("solution.py.txt", SETUP=_setup_percent(), **values))
     written = []
     for path, text in [(root / "course" / f"{stem}.ipynb", dumps(lesson)),
@@ -80,6 +78,9 @@ def create_lesson(root: Path, number: str, topic: str, title: str, run: bool = T
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
         written.append(path)
+    if run:  # now that the module exists: store the checked cells' outputs, as `m11 nbclean --refresh` would
+        course = root / "course" / f"{stem}.ipynb"
+        course.write_text(dumps(clean(refresh(lesson, cwd=root / "course"))), encoding="utf-8")
     written += _add_rows(root, number, topic, stem, title)
     from m11_helpers.grading.exercises import sync
 

@@ -16,6 +16,7 @@ import base64
 import itertools
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -257,3 +258,36 @@ class JupyterLab:
         if self.proc is not None:
             stop(self.proc, grace=20)  # the server shuts its kernels down on SIGTERM
         shutil.rmtree(self.home, ignore_errors=True)
+
+
+def warm_font_cache() -> float:
+    """Build matplotlib's font cache (in MPLCONFIGDIR, shared with the kernel) if missing; the seconds it took."""
+    start = time.monotonic()
+    subprocess.run([sys.executable, "-c", "import matplotlib.font_manager"], check=True, timeout=300)
+    return round(time.monotonic() - start, 1)
+
+
+# the prompts of a JupyterLab notebook's code cells ('[*]:' running, '[3]:' done)
+CELL_STATE = """[...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')].map(e => e.textContent.trim())"""
+
+
+def wait_for_cells(page: Chromium, count: int, stall: float, limit: float) -> list[float]:
+    """Wait until every code cell's prompt shows a number; return the seconds at which each did.
+
+    TimeoutError when no cell finishes for `stall` seconds (naming the cell that was running) or
+    after `limit` seconds in all."""
+    start = last = time.monotonic()
+    finished: dict[int, float] = {}
+    while True:
+        prompts = page.evaluate(CELL_STATE)
+        now = time.monotonic()
+        for i, prompt in enumerate(prompts):
+            if re.fullmatch(r"\[\d+\]:", prompt) and i not in finished:
+                finished[i], last = round(now - start, 1), now
+        if len(finished) == count:
+            return [finished[i] for i in range(count)]
+        running = [i for i, p in enumerate(prompts) if p == "[*]:"]
+        if now - last > stall or now - start > limit:
+            raise TimeoutError(f"code cells finished at {finished} s; still running: {running} "
+                               f"(prompts {prompts}) after {now - start:.0f} s")
+        time.sleep(0.3)

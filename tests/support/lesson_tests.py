@@ -1,7 +1,8 @@
 """Print the pytest arguments that test one lesson: `make test-lesson N=05` runs them (about a minute).
 
-Its module tests (from CONTRIBUTING.md's lesson table), its notebook under nbval, its solution and
-generated exercise graded, its recorded wrong answers.
+Its module tests (from CONTRIBUTING.md's lesson table), its notebook under nbval (copied alone into an
+empty folder, the package from a wheel: tests/conftest.py), its solution and generated exercise
+graded, its recorded wrong answers.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ def lesson_args(number: str) -> list[str]:
             stem, tests = cells[0], re.findall(r"`([\w.]+)`", cells[2])
             return [*(f"tests/{t}" for t in tests), "tests/test_wrong_answers.py", "tests/test_lessons_graded.py",
                     "tests/test_repo.py", "tests/test_quizzes.py", "-k", f"{stem} or not ({_others(body, stem)})",
-                    "--nbval-lax", f"course/{stem}.ipynb"]
+                    "--nbval-lax", "tests/test_course_notebooks.py"]  # its notebook, from a copy with the wheel
     raise SystemExit(f"no lesson {number!r} in CONTRIBUTING.md's lesson table (give N=05 style numbers)")
 
 

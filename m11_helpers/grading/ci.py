@@ -1,0 +1,98 @@
+"""The instructor's CI commands: collect at the deadline, plan the shards, grade one, merge them.
+
+    python -m m11_helpers.grading.ci collect --classroom ID | --export PATH --deadline ISO --out submissions/
+    python -m m11_helpers.grading.ci plan submissions/ --shard-size 20         # `matrix=…` for $GITHUB_OUTPUT
+    python -m m11_helpers.grading.ci grade submissions/ --source solutions/ [--notebooks 05_zero_fsdp]
+                                        [--shard 2/15] --out shards/shard-2
+    python -m m11_helpers.grading.ci merge shards/ --submissions submissions/ --out reports/
+                                        [--summary "$GITHUB_STEP_SUMMARY"]
+
+The jobs of `templates/instructor_repo/.github/workflows/grade-class.yml` run these; they work the
+same by hand. Exit codes: 0, 1 (merge: a student no shard reported), 2 (bad input, no sandbox where
+M11_GRADE_SANDBOX=require).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+from m11_helpers.grading import classroom, collect, report
+from m11_helpers.grading.grader import grade_notebook
+
+__all__ = ["main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m m11_helpers.grading.ci", description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+    c = sub.add_parser("collect", help="collect the submissions at the deadline")
+    c.add_argument("--classroom", metavar="ASSIGNMENT_ID", help="GitHub Classroom assignment (gh, GH_TOKEN)")
+    c.add_argument("--export", type=Path, help="an LMS export: a .zip or a folder")
+    c.add_argument("--deadline", default="", help="ISO 8601 with a time zone (required with --classroom)")
+    c.add_argument("--out", type=Path, required=True)
+    c.add_argument("--not-before-deadline", action="store_true",
+                   help="collect nobody while the deadline is still ahead (a scheduled run)")
+    p = sub.add_parser("plan", help="print the CI matrix of shards")
+    p.add_argument("klass", type=Path)
+    p.add_argument("--shard-size", type=int, default=20)
+    g = sub.add_parser("grade", help="grade (a shard of) a class in the sandbox")
+    g.add_argument("klass", type=Path)
+    g.add_argument("--source", type=Path, help="solution notebooks with the hidden tests")
+    g.add_argument("--notebooks", default="", help="comma-separated, e.g. 05_zero_fsdp (default: all handed in)")
+    g.add_argument("--shard", default="1/1", help="K/N: grade the K-th of N shards")
+    g.add_argument("--out", type=Path, required=True)
+    g.add_argument("--cell-timeout", type=float, default=120)
+    g.add_argument("--notebook-timeout", type=float, default=900)
+    m = sub.add_parser("merge", help="merge the shards' reports into class.csv and a summary")
+    m.add_argument("shards", type=Path)
+    m.add_argument("--submissions", type=Path, help="the class folder: who should have a row")
+    m.add_argument("--out", type=Path, required=True)
+    m.add_argument("--summary", type=Path, help="append the summary table here (e.g. $GITHUB_STEP_SUMMARY)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "collect":
+            if bool(args.classroom) == bool(args.export):
+                raise ValueError("give --classroom ASSIGNMENT_ID or --export PATH (one of them)")
+            due = collect.parse_deadline(args.deadline) if args.deadline else None
+            if args.not_before_deadline and (due is None or due > datetime.now(timezone.utc)):
+                args.out.mkdir(parents=True, exist_ok=True)
+                print(f"the deadline ({args.deadline or 'none'}) has not passed: nothing collected")
+                return 0
+            if args.classroom:
+                collect.collect_classroom(args.classroom, collect.parse_deadline(args.deadline), args.out)
+            else:
+                collect.collect_export(args.export, due, args.out)
+            print(f"{len(classroom.students(args.out))} submissions in {args.out}/")
+        elif args.command == "plan":
+            count = len(classroom.students(args.klass)) if args.klass.is_dir() else 0
+            print(f"matrix={json.dumps(classroom.plan(args.klass, args.shard_size))}")
+            print(f"students={count}\ngo={'true' if count else 'false'}")
+        elif args.command == "grade":
+            k, _, n = args.shard.partition("/")
+            names = [f"{s.strip().removesuffix('.ipynb')}.ipynb" for s in args.notebooks.split(",") if s.strip()]
+            rows = classroom.grade_class(args.klass, args.source, args.out, grade_notebook, names,
+                                         (int(k), int(n or 1)), args.cell_timeout, args.notebook_timeout)
+            print(report.class_table([(r.student, r.notebook, r.score, r.max) for r in rows]))
+        else:
+            rows = classroom.merge(args.shards, args.out, args.submissions)
+            if args.summary:
+                with open(args.summary, "a", encoding="utf-8") as f:
+                    f.write(classroom.summary(rows))
+            print(classroom.summary(rows))
+            return 1 if any(r.status == "not graded" for r in rows) else 0
+    except (ValueError, RuntimeError) as e:
+        print(f"classroom {args.command}: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,207 @@
+"""The tamper guard around each check cell, as the grader drives it from OUTSIDE the kernel.
+
+    guard = Guard(kernel_client)        # reads the guard's code and the kit's pristine sources, now
+    guard.baseline()                    # once, before the notebook's first cell
+    guard.mark(course_cell_source)      # after each course cell: what it defined is the course's
+    report = guard.before("0.2", check_cell_source)
+    ...                                 # nbval runs the check cell
+    report = guard.after("0.2")         # report.tampering: what learner code bent; report.passed: did
+                                        # the check cell's own code reach its `passed("0.2")`?
+
+A check cell counts as passed only when nbval saw it pass AND the guard saw, in pristine check
+functions it bound for that cell, the cell's own code call `passed(...)` with no failed check on the
+way, AND the guard found nothing bent before or after it. What is checked, restored and flagged is
+in `guard_kernel.py` / `guard_ledger.py` (the code that runs in the kernel); why, and what no
+in-kernel guard can stop, in docs/instructor-guide.md, "What the grader defends against".
+
+Everything the guard compares against is read HERE, before the notebook runs: its own code, the
+sources of the check, observe and launch modules, and where the installed libraries live. Each call
+sends it afresh with a new nonce, in `user_expressions` of a silent request (see guard_kernel.py).
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import importlib.util
+import json
+import os
+import secrets
+import site
+import sys
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
+from queue import Empty
+
+__all__ = ["VERIFIED", "GuardReport", "Guard", "library_roots", "defined_names", "free_names"]
+
+# modules compared, function by function, with their installed source before and after each check cell
+VERIFIED = ("m11_helpers.grading.checks", "m11_helpers.grading.observe", "m11_helpers.grading.faults",
+            "m11_helpers.launch", "m11_helpers.launch.base", "m11_helpers.launch.fork", "m11_helpers.launch.script",
+            "m11_helpers.procs")
+CHECK_NAMES = ("expect_close", "expect_equal", "expect_true", "passed", "checking")
+_HERE = Path(__file__).resolve().parent
+_PARTS = (_HERE / "guard_kernel.py", _HERE / "guard_ledger.py")
+
+
+@dataclasses.dataclass
+class GuardReport:
+    """What one guard call found: tampering (flagged), the ledger's verdict (after), or why it could not run."""
+
+    tampering: list[str] = dataclasses.field(default_factory=list)
+    passed: bool = False  # after: the check cell's own code reached passed(<its exercise>)
+    fails: list[str] = dataclasses.field(default_factory=list)  # after: failed checks its own code hid
+    error: str = ""  # the guard did not answer, or answered something it did not write
+
+
+def library_roots() -> list[str]:
+    """Folders whose code counts as a library: the interpreter's, site-packages, the m11_helpers package."""
+    paths = [*sysconfig.get_paths().values(), *site.getsitepackages(),
+             *sysconfig.get_paths(vars={"base": sys.base_prefix, "platbase": sys.base_exec_prefix}).values()]
+    if site.ENABLE_USER_SITE:
+        paths.append(site.getusersitepackages())
+    spec = importlib.util.find_spec("m11_helpers")
+    paths += list(spec.submodule_search_locations or []) if spec else []
+    paths += [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    # only folders that exist now, before the notebook runs: one it creates later (a user site) is no library
+    roots = {os.path.join(q, "") for p in paths if os.path.isdir(p) for q in (os.path.abspath(p), os.path.realpath(p))}
+    # never a folder that holds the notebook: a module it writes there is not a library
+    here = [os.path.join(os.path.realpath(p), "") for p in (os.getcwd(), os.environ.get("M11_GRADE_CWD") or ".")]
+    roots = {r for r in roots if r != os.sep and not any(h.startswith(r) for h in here)}
+    roots.add(os.path.join(os.path.realpath(tempfile.gettempdir()), "torchinductor_"))  # torch.compile's code
+    return sorted(roots)
+
+
+def _sources() -> dict[str, str]:
+    out = {}
+    for name in VERIFIED:
+        spec = importlib.util.find_spec(name)
+        if spec and spec.origin and os.path.isfile(spec.origin):
+            out[name] = Path(spec.origin).read_text(encoding="utf-8")
+    return out
+
+
+def _kit_names(sources: dict[str, str]) -> dict[str, str]:
+    """name -> module for every public name of the verified modules (their `__all__`), but the checks'."""
+    names: dict[str, str] = {}
+    for module, text in sources.items():
+        for node in ast.parse(text).body:
+            if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "__all__" for t in node.targets):
+                for name in ast.literal_eval(node.value):
+                    if name not in CHECK_NAMES:
+                        names.setdefault(name, module)
+    return names
+
+
+def _tree(source: str) -> ast.Module:
+    lines = [ln if not ln.lstrip().startswith(("%", "!")) else "" for ln in source.splitlines()]  # magics
+    try:
+        return ast.parse("\n".join(lines))
+    except SyntaxError:
+        return ast.Module(body=[], type_ignores=[])
+
+
+def defined_names(source: str) -> list[str]:
+    """Functions, classes and imports a cell binds at its top level (what a course cell provides)."""
+    names = []
+    for node in _tree(source).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.append(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names += [a.asname or a.name.split(".")[0] for a in node.names if a.name != "*"]
+    return names
+
+
+def free_names(source: str) -> list[str]:
+    """Names a cell reads but never binds itself: what it takes from the notebook."""
+    tree, loads, bound = _tree(source), set(), set(defined_names(source))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            (loads if isinstance(node.ctx, ast.Load) else bound).add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound |= {a.asname or a.name.split(".")[0] for a in node.names}
+    return sorted(loads - bound)
+
+
+class Guard:
+    """Drives the in-kernel guard through a jupyter_client blocking kernel client."""
+
+    def __init__(self, kc, timeout: float = 60.0) -> None:
+        self.kc, self.timeout = kc, timeout
+        self.parts = tuple(p.read_text(encoding="utf-8") for p in _PARTS)
+        self.sources, self.roots = _sources(), library_roots()
+        self.kit = _kit_names(self.sources)
+        self.state: int | None = None
+        self.error = ""
+
+    def _call(self, mode: str, **args) -> dict:
+        nonce = secrets.token_hex(16)
+        payload = dict(args, mode=mode, nonce=nonce, roots=self.roots, state=self.state)
+        expr = (f"(lambda ns: exec({self.parts[0]!r}, ns) or exec({self.parts[1]!r}, ns) or ns['OUT'])"
+                f"({{'ARGS': {payload!r}}})")
+        msg_id = self.kc.execute("", silent=True, store_history=False, user_expressions={"m11": expr},
+                                 allow_stdin=False, stop_on_error=False)
+        deadline = time.monotonic() + self.timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return {"error": f"the kernel did not answer the grader's guard within {self.timeout:g} s"}
+            try:
+                msg = self.kc.get_shell_msg(timeout=min(left, 1.0))
+            except Empty:
+                continue
+            if msg["parent_header"].get("msg_id") == msg_id:
+                break
+        value = msg["content"].get("user_expressions", {}).get("m11")
+        if msg["content"].get("status") != "ok" or not value:
+            return {"error": "the kernel refused to run the grader's guard "
+                             f"({msg['content'].get('ename', '')}: {msg['content'].get('evalue', '')})"}
+        if value.get("status") != "ok":
+            return {"error": f"the grader's guard failed in the kernel: {value.get('ename')}: {value.get('evalue')}"}
+        try:
+            out = json.loads(ast.literal_eval(value["data"]["text/plain"]))
+        except (KeyError, ValueError, SyntaxError, TypeError) as e:
+            return {"error": f"the grader's guard answered something it did not write ({type(e).__name__})"}
+        if not isinstance(out, dict) or out.get("nonce") != nonce:
+            return {"error": "the grader's guard answered something it did not write (wrong nonce)"}
+        return out
+
+    def _report(self, out: dict) -> GuardReport:
+        error = out.get("error", "") or self.error
+        return GuardReport(list(out.get("findings", [])), bool(out.get("passed")), list(out.get("fails", [])), error)
+
+    def baseline(self) -> GuardReport:
+        """Once, before any cell: remember the kernel's pristine state (and die with this process)."""
+        out = self._call("baseline", ppid=os.getpid())
+        self.state = out.get("state")
+        if self.state is None:
+            self.error = out.get("error") or "the grader's guard could not start in the kernel"
+        return self._report(out)
+
+    def mark(self, source: str) -> GuardReport:
+        """After a course cell: remember what it defined (functions, classes, imports) as the course's."""
+        names = defined_names(source)
+        if self.state is None or not names:
+            return self._report({})
+        return self._report(self._call("mark", names=names))
+
+    def before(self, exercise: str, source: str) -> GuardReport:
+        """Before a check cell: restore and flag, verify the kit, bind the ledger's check functions."""
+        if self.state is None:
+            return self._report({})
+        self._free = free_names(source)
+        return self._report(self._call("before", exercise=str(exercise), source=source, sources=self.sources,
+                                       kit=self.kit, free=self._free))
+
+    def after(self, exercise: str) -> GuardReport:
+        """After it: flag what the cell's run bent, restore the names, read the ledger."""
+        if self.state is None:
+            return self._report({})
+        return self._report(self._call("after", exercise=str(exercise), sources=self.sources, kit=self.kit,
+                                       free=getattr(self, "_free", [])))

@@ -1,0 +1,146 @@
+"""Overlap arithmetic: per-layer compute time against the communication that must hide behind it.
+
+    fsdp_overlap(RUNNING_EXAMPLE, tokens=4096, world=64, link=IB_400G, flops=0.4 * 989.4e12)
+    tp_overlap(RUNNING_EXAMPLE, tokens=4096, tp=8, link=NVLINK_H100, flops=...)
+    cp_overlap(RUNNING_EXAMPLE, chunk=8192, cp=16, link=IB_400G, flops=...)
+    min_tokens("fsdp", RUNNING_EXAMPLE, world=64, link=IB_400G, flops=...)   # the rule of thumb
+
+Each returns seconds of compute and of communication *per layer* and whether the communication hides
+(comm ≤ compute, the two running concurrently). Compute is 2 FLOPs per parameter per token forward
+and twice that backward (Kaplan et al. 2020, §2.1), plus attention's 4·s·h per token forward (QKᵀ
+and PV; half of it under a causal mask), at `flops` = peak × the MFU you expect. Communication is
+lesson 02's α–β ring: all-gather/reduce-scatter (n−1)α + (n−1)/n·S/B, all-reduce twice that
+(Patarasuk & Yuan 2009).
+
+- FSDP (Zhao et al. 2023, §3.3 prefetch): layer i+1's all-gather runs during layer i's forward; in
+  backward, an all-gather and a reduce-scatter per layer. Compute grows with tokens, communication
+  does not: there is a minimum number of tokens per GPU.
+- TP (Shoeybi et al. 2019, §3): 2 all-reduces of tokens·h per layer forward, 2 backward — both grow
+  with tokens, so the ratio is fixed by h, t and the link: no token count hides it (it sits on the
+  critical path unless a framework overlaps it with other work).
+- CP ring (Liu et al. 2023, §3): each step sends one K/V chunk (2·c·h_kv) while computing one
+  (c × c) attention tile: compute ∝ c², communication ∝ c — a minimum chunk length per GPU.
+Used by lessons 04, 05 and 12. Estimates from formulas, not measurements.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from m11_helpers.config import TransformerConfig, param_count
+from m11_helpers.hardware_specs import Link
+from m11_helpers.validate import fraction, one_of, positive_int, positive_real
+
+__all__ = ["Overlap", "layer_params", "layer_flops", "fsdp_overlap", "tp_overlap", "cp_overlap", "min_tokens",
+           "overlap_curves"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Overlap:
+    """Per-layer seconds of compute and communication for one step direction pair (forward + backward)."""
+
+    kind: str
+    compute_s: float
+    comm_s: float
+
+    @property
+    def hidden(self) -> bool:
+        return self.comm_s <= self.compute_s
+
+    @property
+    def exposed_s(self) -> float:
+        """Communication left over once the compute it overlaps has finished."""
+        return max(0.0, self.comm_s - self.compute_s)
+
+    @property
+    def ratio(self) -> float:
+        """comm / compute: ≤ 1 means it hides."""
+        return self.comm_s / self.compute_s if self.compute_s > 0 else math.inf
+
+
+def layer_params(cfg: TransformerConfig) -> int:
+    """Parameters of one transformer layer: param_count with 2 layers minus with 1 (exact, config.param_count)."""
+    return param_count(dataclasses.replace(cfg, layers=2)) - param_count(dataclasses.replace(cfg, layers=1))
+
+
+def layer_flops(cfg: TransformerConfig, tokens: float, context: int | None = None, causal: bool = True) -> float:
+    """Forward FLOPs of one layer: 2·P_layer·tokens + 4·s·h·tokens (× ½ causal) (Kaplan et al. 2020, Table 1)."""
+    positive_real("tokens", tokens)
+    s = cfg.seq_len if context is None else positive_int("context", context)
+    return 2 * layer_params(cfg) * tokens + 4 * s * cfg.hidden * tokens * (0.5 if causal else 1.0)
+
+
+def _ring(op: str, nbytes: float, n: int, link: Link) -> float:
+    if n == 1:
+        return 0.0
+    steps = (2 if op == "all_reduce" else 1) * (n - 1)
+    return steps * link.alpha + steps / n * nbytes * link.beta
+
+
+def fsdp_overlap(cfg: TransformerConfig, tokens: float, world: int, link: Link, flops: float,
+                 dtype_bytes: int = 2) -> Overlap:
+    """Per layer: compute 3·layer_flops vs all-gather (forward) + all-gather + reduce-scatter (backward) of P_layer."""
+    positive_int("world", world)
+    positive_real("flops", flops)
+    positive_int("dtype_bytes", dtype_bytes)
+    p = layer_params(cfg) * dtype_bytes
+    comm = 2 * _ring("all_gather", p, world, link) + _ring("reduce_scatter", p, world, link)
+    return Overlap("FSDP", 3 * layer_flops(cfg, tokens) / flops, comm)
+
+
+def tp_overlap(cfg: TransformerConfig, tokens: float, tp: int, link: Link, flops: float,
+               dtype_bytes: int = 2) -> Overlap:
+    """Per layer: compute 3·layer_flops/t vs 4 ring all-reduces of tokens·h·bytes (2 forward, 2 backward)."""
+    positive_int("tp", tp)
+    positive_real("flops", flops)
+    positive_int("dtype_bytes", dtype_bytes)
+    comm = 4 * _ring("all_reduce", tokens * cfg.hidden * dtype_bytes, tp, link)
+    return Overlap("TP", 3 * layer_flops(cfg, tokens) / tp / flops, comm)
+
+
+def cp_overlap(cfg: TransformerConfig, chunk: float, cp: int, link: Link, flops: float, dtype_bytes: int = 2,
+               causal: bool = True) -> Overlap:
+    """One ring step of one layer: attention of a (c × c) tile, forward + backward (3 × 4·c²·h, ½ when causal:
+    zigzag's average) vs sending one K/V chunk, 2·c·h_kv·bytes, forward and twice in backward (K/V and dK/dV)."""
+    positive_real("chunk", chunk)
+    positive_int("cp", cp)
+    positive_real("flops", flops)
+    positive_int("dtype_bytes", dtype_bytes)
+    h_kv = (cfg.kv_heads or cfg.heads) * cfg.head_dim
+    compute = 3 * 4 * chunk * chunk * cfg.hidden * (0.5 if causal else 1.0) / flops
+    kv = 2 * chunk * h_kv * dtype_bytes
+    comm = 0.0 if cp == 1 else 3 * (link.alpha + kv * link.beta)
+    return Overlap("CP ring step", compute, comm)
+
+
+def min_tokens(kind: str, cfg: TransformerConfig, n: int, link: Link, flops: float, dtype_bytes: int = 2,
+               causal: bool = True) -> float:
+    """The rule of thumb: fewest tokens (FSDP: per GPU per micro-batch; CP: per chunk) whose compute hides the
+    communication; math.inf for TP, whose ratio does not depend on tokens. Solved by bisection on the
+    functions above (their α terms included)."""
+    one_of("kind", kind, ("fsdp", "tp", "cp"))
+    positive_int("n", n)
+    if kind == "tp":
+        return math.inf
+    fn = {"fsdp": lambda t: fsdp_overlap(cfg, t, n, link, flops, dtype_bytes),
+          "cp": lambda t: cp_overlap(cfg, t, n, link, flops, dtype_bytes, causal)}[kind]
+    lo, hi = 1e-3, 1.0
+    while not fn(hi).hidden:
+        hi *= 2
+        if hi > 1e12:
+            return math.inf
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if fn(mid).hidden else (mid, hi)
+    return hi
+
+
+def overlap_curves(cfg: TransformerConfig, tokens: list[float], flops: float, world: int, fsdp_link: Link,
+                   tp: int, tp_link: Link, cp: int, cp_link: Link, mfu: float = 1.0) -> dict[str, list[float]]:
+    """comm/compute ratios over `tokens` for the lab: FSDP (tokens per GPU), TP (the same), CP (chunk = tokens)."""
+    fraction("mfu", mfu)
+    f = flops * mfu
+    return {"FSDP": [fsdp_overlap(cfg, t, world, fsdp_link, f).ratio for t in tokens],
+            "TP": [tp_overlap(cfg, t, tp, tp_link, f).ratio for t in tokens],
+            "CP ring": [cp_overlap(cfg, t, cp, cp_link, f).ratio for t in tokens]}

@@ -1,0 +1,61 @@
+"""Lesson 03 quiz: shown by `quiz("03_data_parallel")`."""
+
+from m11_helpers.quiz import Question
+
+QUESTIONS = [
+    Question("A 3.7 MB model trains under `DistributedDataParallel(model)` with its default buckets. From iteration 1 "
+             "on, how much of each step's all-reduce can start before backward ends?",
+             ["None: 3.7 MB is under the 25 MiB cap, so it is one bucket",
+              "About the first 1 MiB: the last layers' gradients, in DDP's small first bucket",
+              "All of it: DDP all-reduces every gradient as soon as it is ready",
+              "Half of it: DDP splits a model below the cap into two equal buckets"], 1,
+             ["That is iteration 0 (one bucket) or an explicit bucket_cap_mb=25; by default the rebuilt buckets start "
+              "with a 1 MiB one.",
+              "Right: with bucket_cap_mb left at None the first bucket closes at 1 MiB, so the last layers' gradients "
+              "go on the wire while backward computes the rest; the other 2.6 MB wait for backward's end.",
+              "Gradients travel in buckets; a bucket starts only when all its gradients exist.",
+              "Buckets close at a byte limit (1 MiB, then 25 MiB), not at a fraction of the model."], transfer=True),
+    Question("Same model, and you now write `DistributedDataParallel(model, bucket_cap_mb=25)`, the documented "
+             "default, explicitly. What changes?",
+             ["Nothing: 25 is the default", "The small first bucket is gone: one bucket, nothing overlaps backward",
+              "Buckets are now 25 MB (10⁶ bytes) instead of 25 MiB", "DDP stops rebuilding its buckets"], 1,
+             ["torch 2.13 gives the 1 MiB first bucket only when bucket_cap_mb is None.",
+              "Right: an explicit cap applies to every bucket, the first included; the lesson's timeline shows it.",
+              "bucket_cap_mb is in MiB either way.",
+              "It still rebuilds after iteration 0; the rebuilt buckets just follow the explicit cap."],
+             transfer=True),
+    Question("You train the 7B model with torch.amp autocast and plain DDP, then register DDP's bf16_compress_hook. "
+             "What happens to the bytes all-reduced per step and to the gradient memory?",
+             ["Both halve", "The bytes halve (27 GB to 13.5 GB); the fp32 gradients stay in memory",
+              "Nothing: autocast already made the gradients bf16", "The bytes double: the hook sends fp32 and bf16"], 1,
+             ["The hook only changes what goes on the wire; .grad stays fp32.",
+              "Right: autocast keeps fp32 parameters and fp32 gradients; the hook casts each bucket to bf16 for the "
+              "all-reduce and back.",
+              "Autocast casts per operation; parameters and their gradients stay fp32.",
+              "It sends the bf16 copy only."], transfer=True),
+    Question("On 8 GPUs, you cut the per-GPU batch from 8 sequences to 1 (same model, same link). What happens to "
+             "the share of the all-reduce that hides behind backward?",
+             ["It grows: smaller batches communicate less", "It shrinks: backward is 8× shorter, the all-reduce is not",
+              "Nothing: overlap does not depend on the batch", "It grows: more steps overlap more"], 1,
+             ["The all-reduce moves the whole gradient whatever the batch.",
+              "Right: the bytes are fixed by the model, the compute scales with tokens; the lab shows the efficiency "
+              "falling.",
+              "Hiding needs a backward at least as long as the all-reduce.",
+              "Each step still has one backward to hide behind."], transfer=True),
+    Question("You forget sampler.set_epoch(epoch) with shuffle=True. What happens?",
+             ["Training crashes", "Ranks get overlapping shards", "Every epoch repeats the same order",
+              "Each rank shuffles differently"], 2,
+             ["Nothing fails loudly: that is why it is a classic bug.",
+              "The shards stay disjoint: all ranks draw the same permutation.",
+              "Yes: the generator is seeded with seed + epoch, and epoch stays 0.",
+              "All ranks use the same seed, so they agree on one order."]),
+    Question("Going from 8 to 64 GPUs (batch 256 to 2048) with SGD, what does Goyal et al.'s recipe change, and "
+             "when does it stop helping?",
+             ["Nothing; never", "lr × 8, reached by a gradual warmup; past the critical batch size (the noise scale)",
+              "lr × √8; never", "lr ÷ 8; past 1,024 GPUs"], 1,
+             ["Then each epoch takes 8× fewer steps at the same lr: training falls behind.",
+              "Yes: η = 0.1·kn/256 with a 5-epoch linear warmup; beyond B_noise a bigger batch mostly wastes samples "
+              "(McCandlish et al. 2018).",
+              "The square-root rule is for Adam-type optimizers (Malladi et al. 2022), not their SGD recipe.",
+              "Bigger batches have less noise, so the step can be larger, not smaller."], transfer=True),
+]

@@ -1,0 +1,60 @@
+"""Lesson 12 quiz: shown by `quiz("12_long_context_moe")`."""
+
+from m11_helpers.quiz import Question
+
+QUESTIONS = [
+    Question("Megatron sequence parallelism replaces each tensor-parallel all-reduce with a reduce-scatter and an "
+             "all-gather. Compared with plain TP on the same t ranks, the bytes each rank sends per layer…",
+             ["halve", "stay the same (all-reduce = reduce-scatter + all-gather)", "double",
+              "grow with the sequence length squared"], 1,
+             ["A reduce-scatter alone is half an all-reduce, but SP needs the matching all-gather too.",
+              "Right: we counted 196,608 B for both. Only Megatron's re-gather in backward (to store ÷t) adds one "
+              "all-gather per column-parallel linear.",
+              "No: the same two halves of a ring all-reduce, run at different places.",
+              "SP's messages are b·s·h elements, linear in s."]),
+    Question("You switch a causal ring attention over 8 ranks from contiguous chunks to the zigzag layout. "
+             "What happens to the busiest rank's attention work?",
+             ["nothing: each rank still sees the whole sequence",
+              "it drops from 8 blocks to (2·8+1)/4 = 4.25 blocks' worth: every rank does the same",
+              "it doubles, because each rank now holds two chunks",
+              "it halves on every rank, the total work halves too"], 1,
+             ["Each rank sees every K/V block, but the causal mask makes most of rank 0's blocks empty with "
+              "contiguous chunks: the work is not the same.",
+              "Right: contiguous rank r computes r + 1 blocks (rank 7: 8); zigzag gives every rank 2N + 1 = 17 "
+              "quarter-blocks, i.e. 4.25 blocks. The ring's step time follows the busiest rank.",
+              "Two half-length chunks hold the same tokens as one chunk.",
+              "The total work is the same (the causal triangle); zigzag only shares it out evenly."],
+             transfer=True),
+    Question("A MoE layer routes top-2 of 8 experts with capacity factor 1.0 and a badly balanced router. You "
+             "raise the capacity factor to 2.0. Which is true?",
+             ["fewer tokens are dropped, and each expert's buffer (and its compute and all-to-all padding) doubles",
+              "nothing changes: capacity only matters at inference",
+              "more tokens are dropped, because experts now wait longer",
+              "the auxiliary load-balancing loss doubles"], 0,
+             ["Right: C = ⌈cf·k·T/E⌉ doubles; we measured drops falling from ~10 % of assignments to 0. Fixed-size "
+              "buffers (Switch, GShard) pay for that headroom in memory, FLOPs and bytes.",
+              "Capacity is a training-time buffer size: tokens over it get no expert output.",
+              "A larger buffer can only keep more assignments.",
+              "The aux loss depends on the router's choices and probabilities, not on the capacity."],
+             transfer=True),
+    Question("HSDP on 8 nodes of 8 GPUs (shard inside a node, replicate across) instead of FSDP over all 64 GPUs. "
+             "Per GPU and step, the bytes crossing the inter-node network…",
+             ["are the same: both move every gradient once",
+              "shrink by about 13×: only each GPU's 1/8 gradient shard is all-reduced across nodes, instead of "
+              "2 all-gathers + 1 reduce-scatter of everything",
+              "grow, because HSDP adds an all-reduce", "drop to zero"], 1,
+             ["FSDP's all-gathers and reduce-scatter all cross nodes; HSDP keeps them on NVLink.",
+              "Right: 3·(63/64)·S against 2·(7/8)·S/8 — the price is 8× more parameter memory per GPU than FSDP.",
+              "It adds an all-reduce, but of a shard, and removes the inter-node all-gathers.",
+              "The gradient shards still have to be averaged across replicas."],
+             transfer=True),
+    Question("The overlap arithmetic says FSDP across InfiniBand hides behind compute above ~7,500 tokens per GPU "
+             "(7B, bf16, 40 % MFU on H100). You move to GPUs with twice the FLOP/s and the same network. The "
+             "threshold…",
+             ["halves", "stays the same", "doubles", "depends only on the model size"], 2,
+             ["Faster compute finishes sooner, leaving less time to hide the same bytes.",
+              "The bytes per layer are unchanged but the compute time per token halves.",
+              "Right: tokens ≥ (N−1)/N·P·b·F/(B·FLOPs per token): F doubles, so does the threshold.",
+              "P cancels: both the compute and the all-gather of a layer scale with its parameters."],
+             transfer=True),
+]

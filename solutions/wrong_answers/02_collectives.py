@@ -1,0 +1,223 @@
+"""Recorded wrong answers for solutions/02_collectives.ipynb (format: m11_helpers/grading/wrong_answers.py)."""
+
+# %% 2.1 | direct exchange: sends chunk j straight to rank j (right numbers, same bytes, no ring) | expect: right-hand neighbour
+def my_ring_reduce_scatter(x: torch.Tensor) -> torch.Tensor:
+    rank, n = dist.get_rank(), dist.get_world_size()
+    chunks = list(x.chunk(n))
+    reqs = [dist.isend(chunks[j].contiguous(), j) for j in range(n) if j != rank]
+    mine = chunks[rank].clone()
+    buf = torch.empty_like(mine)
+    for j in range(n):
+        if j != rank:
+            dist.recv(buf, j)
+            mine += buf
+    for req in reqs:
+        req.wait()
+    return mine
+
+# %% 2.1 | a blocking send before the receive on every rank | expect: deadlock
+def my_ring_reduce_scatter(x: torch.Tensor) -> torch.Tensor:
+    rank, n = dist.get_rank(), dist.get_world_size()
+    chunks = list(x.clone().chunk(n))
+    right, left = (rank + 1) % n, (rank - 1) % n
+    buf = torch.empty_like(chunks[0])
+    for step in range(n - 1):
+        send_idx, recv_idx = (rank - step - 1) % n, (rank - step - 2) % n
+        dist.send(chunks[send_idx], right)
+        dist.recv(buf, left)
+        chunks[recv_idx].add_(buf)
+    return chunks[rank]
+
+# %% 2.1 | sums into the caller's tensor (no clone) | expect: changed the caller's tensor
+def my_ring_reduce_scatter(x: torch.Tensor) -> torch.Tensor:
+    rank, n = dist.get_rank(), dist.get_world_size()
+    chunks = list(x.chunk(n))
+    right, left = (rank + 1) % n, (rank - 1) % n
+    buf = torch.empty_like(chunks[0])
+    for step in range(n - 1):
+        send_idx, recv_idx = (rank - step - 1) % n, (rank - step - 2) % n
+        req = dist.isend(chunks[send_idx], right)
+        dist.recv(buf, left)
+        req.wait()
+        chunks[recv_idx].add_(buf)
+    return chunks[rank]
+
+# %% 2.1 | chunk offsets off by one: finishes chunk rank+1 | expect: rank r must end with chunk r
+def my_ring_reduce_scatter(x: torch.Tensor) -> torch.Tensor:
+    rank, n = dist.get_rank(), dist.get_world_size()
+    chunks = list(x.clone().chunk(n))
+    right, left = (rank + 1) % n, (rank - 1) % n
+    buf = torch.empty_like(chunks[0])
+    for step in range(n - 1):
+        send_idx, recv_idx = (rank - step) % n, (rank - step - 1) % n
+        req = dist.isend(chunks[send_idx], right)
+        dist.recv(buf, left)
+        req.wait()
+        chunks[recv_idx].add_(buf)
+    return chunks[(rank + 1) % n]
+
+# %% 2.1 | passes whole tensors around the ring, then slices (right numbers, N times the bytes) | expect: S/N bytes
+def my_ring_reduce_scatter(x: torch.Tensor) -> torch.Tensor:
+    rank, n = dist.get_rank(), dist.get_world_size()
+    right, left = (rank + 1) % n, (rank - 1) % n
+    total, passing, buf = x.clone(), x.clone(), torch.empty_like(x)
+    for _ in range(n - 1):
+        req = dist.isend(passing, right)
+        dist.recv(buf, left)
+        req.wait()
+        total += buf
+        passing = buf.clone()
+    return total.chunk(n)[rank]
+
+# %% 2.1 | delegates to the backend's reduce-scatter | expect: yourself
+def my_ring_reduce_scatter(x: torch.Tensor) -> torch.Tensor:
+    out = torch.empty(x.numel() // dist.get_world_size())
+    dist.reduce_scatter_single(out, x.clone())
+    return out
+
+# %% 2.1 | delegates to the course's ring | expect: yourself
+def my_ring_reduce_scatter(x: torch.Tensor) -> torch.Tensor:
+    return course.ring_reduce_scatter(x)
+
+# %% 2.2 | direct exchange: sends its chunk straight to every rank | expect: right-hand neighbour
+def my_ring_all_gather(chunk: torch.Tensor) -> torch.Tensor:
+    rank, n = dist.get_rank(), dist.get_world_size()
+    out = torch.empty(n * chunk.numel(), dtype=chunk.dtype)
+    parts = list(out.chunk(n))
+    parts[rank].copy_(chunk)
+    reqs = [dist.isend(parts[rank], j) for j in range(n) if j != rank]
+    for j in range(n):
+        if j != rank:
+            dist.recv(parts[j], j)
+    for req in reqs:
+        req.wait()
+    return out
+
+# %% 2.2 | a blocking send before the receive on every rank | expect: deadlock
+def my_ring_all_gather(chunk: torch.Tensor) -> torch.Tensor:
+    rank, n = dist.get_rank(), dist.get_world_size()
+    out = torch.empty(n * chunk.numel(), dtype=chunk.dtype)
+    parts = list(out.chunk(n))
+    parts[rank].copy_(chunk)
+    right, left = (rank + 1) % n, (rank - 1) % n
+    for step in range(n - 1):
+        dist.send(parts[(rank - step) % n], right)
+        dist.recv(parts[(rank - step - 1) % n], left)
+    return out
+
+# %% 2.2 | concatenates in arrival order, not rank order | expect: rank order
+def my_ring_all_gather(chunk: torch.Tensor) -> torch.Tensor:
+    rank, n = dist.get_rank(), dist.get_world_size()
+    right, left = (rank + 1) % n, (rank - 1) % n
+    got, passing = [chunk.clone()], chunk.clone()
+    for _ in range(n - 1):
+        buf = torch.empty_like(chunk)
+        req = dist.isend(passing, right)
+        dist.recv(buf, left)
+        req.wait()
+        got.append(buf)
+        passing = buf
+    return torch.cat(got)
+
+# %% 2.2 | forwards its own chunk at every step instead of the one that arrived | expect: pass on the chunk that arrived
+def my_ring_all_gather(chunk: torch.Tensor) -> torch.Tensor:
+    rank, n = dist.get_rank(), dist.get_world_size()
+    out = torch.empty(n * chunk.numel(), dtype=chunk.dtype)
+    parts = list(out.chunk(n))
+    parts[rank].copy_(chunk)
+    right, left = (rank + 1) % n, (rank - 1) % n
+    for step in range(n - 1):
+        req = dist.isend(parts[rank], right)
+        dist.recv(parts[(rank - step - 1) % n], left)
+        req.wait()
+    return out
+
+# %% 2.2 | delegates to the backend's all-gather | expect: yourself
+def my_ring_all_gather(chunk: torch.Tensor) -> torch.Tensor:
+    out = torch.empty(dist.get_world_size() * chunk.numel())
+    dist.all_gather_single(out, chunk)
+    return out
+
+# %% 2.3 | log2 N without rounding up (fine for powers of two only) | expect: round log2 N up
+def crossover(N: int, alpha: float, beta: float) -> float:
+    L = math.log2(N)
+    latency_gap, bandwidth_gap = (N - 1) - L, L - (N - 1) / N
+    return alpha * latency_gap / (beta * bandwidth_gap) if latency_gap > 0 else 0.0
+
+
+def half_bandwidth(N: int, alpha: float, beta: float) -> float:
+    return N * alpha / beta
+
+# %% 2.3 | the ring's bandwidth term as 2S·β, dropping (N-1)/N | expect: keep the (N-1)/N
+def crossover(N: int, alpha: float, beta: float) -> float:
+    L = math.ceil(math.log2(N))
+    latency_gap, bandwidth_gap = (N - 1) - L, L - 1
+    return alpha * latency_gap / (beta * bandwidth_gap) if latency_gap > 0 else 0.0
+
+
+def half_bandwidth(N: int, alpha: float, beta: float) -> float:
+    return N * alpha / beta
+
+# %% 2.3 | half bandwidth where the latency term equals the bandwidth term of one step (α/β) | expect: the N of S/N stays
+def crossover(N: int, alpha: float, beta: float) -> float:
+    L = math.ceil(math.log2(N))
+    latency_gap, bandwidth_gap = (N - 1) - L, L - (N - 1) / N
+    return alpha * latency_gap / (beta * bandwidth_gap) if latency_gap > 0 else 0.0
+
+
+def half_bandwidth(N: int, alpha: float, beta: float) -> float:
+    return alpha / beta
+
+# %% 2.3 | calls the course's helpers instead of deriving | expect: yourself
+def crossover(N: int, alpha: float, beta: float) -> float:
+    return cm.crossover_bytes(N, alpha, beta)
+
+
+def half_bandwidth(N: int, alpha: float, beta: float) -> float:
+    return cm.half_bandwidth_bytes(N, alpha, beta)
+
+# %% 2.4 | one flat all-reduce over every rank (right numbers, the whole tensor crosses nodes) | expect: reduce-scatter inside the node first
+def hierarchical_all_reduce(x: torch.Tensor, node_group, rail_group) -> torch.Tensor:
+    out = x.clone()
+    dist.all_reduce(out)
+    return out
+
+# %% 2.4 | sums inside the node, then all-reduces the whole tensor along the rail | expect: only the shard crosses nodes
+def hierarchical_all_reduce(x: torch.Tensor, node_group, rail_group) -> torch.Tensor:
+    out = x.clone()
+    dist.all_reduce(out, group=node_group)
+    dist.all_reduce(out, group=rail_group)
+    return out
+
+# %% 2.4 | the groups swapped: reduce-scatter across nodes, all-reduce inside the node | expect: only the shard crosses nodes
+def hierarchical_all_reduce(x: torch.Tensor, node_group, rail_group) -> torch.Tensor:
+    g = dist.get_world_size(rail_group)
+    shard = torch.empty(x.numel() // g, dtype=x.dtype)
+    backend_reduce_scatter(shard, x, group=rail_group)
+    dist.all_reduce(shard, group=node_group)
+    out = torch.empty_like(x)
+    backend_all_gather(out, shard, group=rail_group)
+    return out
+
+# %% 2.4 | all-reduces the shard inside the node instead of along the rail | expect: over the rail group
+def hierarchical_all_reduce(x: torch.Tensor, node_group, rail_group) -> torch.Tensor:
+    g = dist.get_world_size(node_group)
+    shard = torch.empty(x.numel() // g, dtype=x.dtype)
+    backend_reduce_scatter(shard, x, group=node_group)
+    dist.all_reduce(shard, group=node_group)
+    out = torch.empty_like(x)
+    backend_all_gather(out, shard, group=node_group)
+    return out
+
+# %% 2.4 | gathers the result into the caller's x | expect: changed the caller's tensor
+def hierarchical_all_reduce(x: torch.Tensor, node_group, rail_group) -> torch.Tensor:
+    g = dist.get_world_size(node_group)
+    shard = torch.empty(x.numel() // g, dtype=x.dtype)
+    backend_reduce_scatter(shard, x, group=node_group)
+    dist.all_reduce(shard, group=rail_group)
+    backend_all_gather(x, shard, group=node_group)
+    return x
+
+# %% 2.4 | calls the course's hierarchical_all_reduce | expect: yourself
+def hierarchical_all_reduce(x: torch.Tensor, node_group, rail_group) -> torch.Tensor:
+    return course.hierarchical_all_reduce(x, node_group, rail_group)

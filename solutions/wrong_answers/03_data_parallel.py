@@ -1,0 +1,301 @@
+"""Recorded wrong answers for solutions/03_data_parallel.ipynb (format: m11_helpers/grading/wrong_answers.py)."""
+
+# %% 3.1 | contiguous blocks instead of strided shards | expect: strided, not contiguous
+def my_shard(n: int, world_size: int, rank: int) -> list[int]:
+    per_rank = -(-n // world_size)
+    order = list(range(n))
+    while len(order) < per_rank * world_size:
+        order += order[: per_rank * world_size - len(order)]
+    return order[rank * per_rank:(rank + 1) * per_rank]
+
+# %% 3.1 | no padding: the ranks get unequal shares | expect: pad the order
+def my_shard(n: int, world_size: int, rank: int) -> list[int]:
+    return list(range(n))[rank::world_size]
+
+# %% 3.1 | pads once only (too short when n < N/2) | expect: as many times as needed
+def my_shard(n: int, world_size: int, rank: int) -> list[int]:
+    order = list(range(n))
+    total = -(-n // world_size) * world_size
+    order += order[: total - len(order)]
+    return order[rank::world_size]
+
+# %% 3.1 | pads with the last index repeated | expect: first indices
+def my_shard(n: int, world_size: int, rank: int) -> list[int]:
+    order = list(range(n))
+    total = -(-n // world_size) * world_size
+    order += [n - 1] * (total - n)
+    return order[rank::world_size]
+
+# %% 3.2 | ignores the 1 MiB first bucket | expect: first bucket holds only 1 MiB
+def ddp_buckets(nbytes: list[int], bucket_cap_mb: float | None = None) -> list[list[int]]:
+    cap = int((25 if bucket_cap_mb is None else bucket_cap_mb) * MiB)
+    buckets, current, size = [], [], 0
+    for i in reversed(range(len(nbytes))):
+        current.append(i)
+        size += nbytes[i]
+        if size >= cap:
+            buckets.append(current)
+            current, size = [], 0
+    if current:
+        buckets.append(current)
+    return buckets
+
+# %% 3.2 | a 1 MiB first bucket even with an explicit bucket_cap_mb | expect: only when bucket_cap_mb is left at its default
+def ddp_buckets(nbytes: list[int], bucket_cap_mb: float | None = None) -> list[list[int]]:
+    first, rest = MiB, int((25 if bucket_cap_mb is None else bucket_cap_mb) * MiB)
+    buckets, current, size = [], [], 0
+    for i in reversed(range(len(nbytes))):
+        current.append(i)
+        size += nbytes[i]
+        if size >= (first if not buckets else rest):
+            buckets.append(current)
+            current, size = [], 0
+    if current:
+        buckets.append(current)
+    return buckets
+
+# %% 3.2 | keeps every bucket under the cap (closes before adding) | expect: they do not stay under it
+def ddp_buckets(nbytes: list[int], bucket_cap_mb: float | None = None) -> list[list[int]]:
+    first, rest = (MiB, 25 * MiB) if bucket_cap_mb is None else (int(bucket_cap_mb * MiB),) * 2
+    buckets, current, size = [], [], 0
+    for i in reversed(range(len(nbytes))):
+        if current and size + nbytes[i] > (first if not buckets else rest):
+            buckets.append(current)
+            current, size = [], 0
+        current.append(i)
+        size += nbytes[i]
+    if current:
+        buckets.append(current)
+    return buckets
+
+# %% 3.2 | parameters in forward order | expect: reverse parameter order
+def ddp_buckets(nbytes: list[int], bucket_cap_mb: float | None = None) -> list[list[int]]:
+    first, rest = (MiB, 25 * MiB) if bucket_cap_mb is None else (int(bucket_cap_mb * MiB),) * 2
+    buckets, current, size = [], [], 0
+    for i in range(len(nbytes)):
+        current.append(i)
+        size += nbytes[i]
+        if size >= (first if not buckets else rest):
+            buckets.append(current)
+            current, size = [], 0
+    if current:
+        buckets.append(current)
+    return buckets
+
+# %% 3.2 | counts bucket_cap_mb in 10⁶ bytes | expect: counts MiB
+def ddp_buckets(nbytes: list[int], bucket_cap_mb: float | None = None) -> list[list[int]]:
+    first, rest = (10**6, 25 * 10**6) if bucket_cap_mb is None else (int(bucket_cap_mb * 10**6),) * 2
+    buckets, current, size = [], [], 0
+    for i in reversed(range(len(nbytes))):
+        current.append(i)
+        size += nbytes[i]
+        if size >= (first if not buckets else rest):
+            buckets.append(current)
+            current, size = [], 0
+    if current:
+        buckets.append(current)
+    return buckets
+
+# %% 3.2 | delegates to the lesson's pack_buckets | expect: yourself
+def ddp_buckets(nbytes: list[int], bucket_cap_mb: float | None = None) -> list[list[int]]:
+    return pack_buckets(nbytes, bucket_cap_mb)
+
+# %% 3.3 | all-reduces every bucket after backward (no overlap) | expect: started after backward, nothing overlaps
+class OverlappedGradSync:
+    def __init__(self, model: torch.nn.Module, buckets: list[list[int]]):
+        params = list(model.parameters())
+        self.buckets = [[params[i] for i in b] for b in buckets]
+
+    def finish(self) -> None:
+        world = dist.get_world_size()
+        for bucket in self.buckets:
+            flat = torch.cat([p.grad.reshape(-1) for p in bucket])
+            dist.all_reduce(flat, async_op=True).wait()
+            flat /= world
+            offset = 0
+            for p in bucket:
+                p.grad.copy_(flat[offset:offset + p.numel()].view_as(p.grad))
+                offset += p.numel()
+
+# %% 3.3 | one all-reduce per parameter from its hook (no buckets) | expect: not one per parameter
+class OverlappedGradSync:
+    def __init__(self, model: torch.nn.Module, buckets: list[list[int]]):
+        self.params = list(model.parameters())
+        self.in_flight = []
+        for p in self.params:
+            p.register_post_accumulate_grad_hook(lambda p: self.in_flight.append(dist.all_reduce(p.grad, async_op=True)))
+
+    def finish(self) -> None:
+        for work in self.in_flight:
+            work.wait()
+        self.in_flight.clear()
+        for p in self.params:
+            p.grad /= dist.get_world_size()
+
+# %% 3.3 | a blocking all-reduce inside the hook | expect: async_op=True
+class OverlappedGradSync:
+    def __init__(self, model: torch.nn.Module, buckets: list[list[int]]):
+        params = list(model.parameters())
+        self.buckets = [[params[i] for i in b] for b in buckets]
+        self.missing = [len(b) for b in self.buckets]
+
+        def on_ready(k):
+            self.missing[k] -= 1
+            if self.missing[k] == 0:
+                bucket = self.buckets[k]
+                flat = torch.cat([p.grad.reshape(-1) for p in bucket])
+                dist.all_reduce(flat)
+                flat /= dist.get_world_size()
+                offset = 0
+                for p in bucket:
+                    p.grad.copy_(flat[offset:offset + p.numel()].view_as(p.grad))
+                    offset += p.numel()
+
+        for k, bucket in enumerate(self.buckets):
+            for p in bucket:
+                p.register_post_accumulate_grad_hook(lambda _p, k=k: on_ready(k))
+
+    def finish(self) -> None:
+        self.missing = [len(b) for b in self.buckets]
+
+# %% 3.3 | never copies the reduced bucket back into p.grad | expect: copy the averaged values back
+class OverlappedGradSync:
+    def __init__(self, model: torch.nn.Module, buckets: list[list[int]]):
+        params = list(model.parameters())
+        self.buckets = [[params[i] for i in b] for b in buckets]
+        self.missing = [len(b) for b in self.buckets]
+        self.in_flight = []
+
+        def on_ready(k):
+            self.missing[k] -= 1
+            if self.missing[k] == 0:
+                flat = torch.cat([p.grad.reshape(-1) for p in self.buckets[k]])
+                self.in_flight.append((dist.all_reduce(flat, async_op=True), flat))
+
+        for k, bucket in enumerate(self.buckets):
+            for p in bucket:
+                p.register_post_accumulate_grad_hook(lambda _p, k=k: on_ready(k))
+
+    def finish(self) -> None:
+        for work, flat in self.in_flight:
+            work.wait()
+            flat /= dist.get_world_size()
+        self.in_flight.clear()
+        self.missing = [len(b) for b in self.buckets]
+
+# %% 3.3 | forgets to divide the sum by the world size | expect: divide the all-reduced sum by the world size
+class OverlappedGradSync:
+    def __init__(self, model: torch.nn.Module, buckets: list[list[int]]):
+        params = list(model.parameters())
+        self.buckets = [[params[i] for i in b] for b in buckets]
+        self.missing = [len(b) for b in self.buckets]
+        self.in_flight = []
+
+        def on_ready(k):
+            self.missing[k] -= 1
+            if self.missing[k] == 0:
+                bucket = self.buckets[k]
+                flat = torch.cat([p.grad.reshape(-1) for p in bucket])
+                self.in_flight.append((dist.all_reduce(flat, async_op=True), flat, bucket))
+
+        for k, bucket in enumerate(self.buckets):
+            for p in bucket:
+                p.register_post_accumulate_grad_hook(lambda _p, k=k: on_ready(k))
+
+    def finish(self) -> None:
+        for work, flat, bucket in self.in_flight:
+            work.wait()
+            offset = 0
+            for p in bucket:
+                p.grad.copy_(flat[offset:offset + p.numel()].view_as(p.grad))
+                offset += p.numel()
+        self.in_flight.clear()
+        self.missing = [len(b) for b in self.buckets]
+
+# %% 3.3 | never re-arms the buckets: only the first iteration syncs | expect: re-arm each bucket
+class OverlappedGradSync:
+    def __init__(self, model: torch.nn.Module, buckets: list[list[int]]):
+        params = list(model.parameters())
+        self.buckets = [[params[i] for i in b] for b in buckets]
+        self.missing = [len(b) for b in self.buckets]
+        self.in_flight = []
+
+        def on_ready(k):
+            self.missing[k] -= 1
+            if self.missing[k] == 0:
+                bucket = self.buckets[k]
+                flat = torch.cat([p.grad.reshape(-1) for p in bucket])
+                self.in_flight.append((dist.all_reduce(flat, async_op=True), flat, bucket))
+
+        for k, bucket in enumerate(self.buckets):
+            for p in bucket:
+                p.register_post_accumulate_grad_hook(lambda _p, k=k: on_ready(k))
+
+    def finish(self) -> None:
+        for work, flat, bucket in self.in_flight:
+            work.wait()
+            flat /= dist.get_world_size()
+            offset = 0
+            for p in bucket:
+                p.grad.copy_(flat[offset:offset + p.numel()].view_as(p.grad))
+                offset += p.numel()
+        self.in_flight.clear()
+
+# %% 3.3 | wraps the model in DistributedDataParallel | expect: yourself
+class OverlappedGradSync:
+    def __init__(self, model: torch.nn.Module, buckets: list[list[int]]):
+        self.ddp = DDP(model, bucket_cap_mb=0.01)
+        model.forward = self.ddp.forward
+
+    def finish(self) -> None:
+        pass
+
+# %% 3.4 | uses only its own rank's squared norm (small batch) | expect: not the same on every rank
+def noise_scale_from_ranks(local_grad: torch.Tensor, local_batch: int) -> float:
+    n = dist.get_world_size()
+    b, big_b = local_batch, n * local_batch
+    small_sq = local_grad.pow(2).sum()
+    mean = local_grad.clone()
+    dist.all_reduce(mean)
+    big_sq = (mean / n).pow(2).sum()
+    g2 = (big_b * big_sq - b * small_sq) / (big_b - b)
+    trace = (small_sq - big_sq) / (1 / b - 1 / big_b)
+    return float(trace / g2)
+
+# %% 3.4 | all-reduces the caller's gradient in place | expect: changed the caller's tensor
+def noise_scale_from_ranks(local_grad: torch.Tensor, local_batch: int) -> float:
+    n = dist.get_world_size()
+    b, big_b = local_batch, n * local_batch
+    small_sq = local_grad.pow(2).sum().reshape(1)
+    dist.all_reduce(small_sq)
+    small_sq /= n
+    dist.all_reduce(local_grad)
+    local_grad /= n
+    big_sq = local_grad.pow(2).sum()
+    g2 = (big_b * big_sq - b * small_sq) / (big_b - b)
+    trace = (small_sq - big_sq) / (1 / b - 1 / big_b)
+    return float(trace / g2)
+
+# %% 3.4 | gathers every rank's gradient (right numbers, N× the bytes) | expect: N times as much
+def noise_scale_from_ranks(local_grad: torch.Tensor, local_batch: int) -> float:
+    n = dist.get_world_size()
+    grads = [torch.empty_like(local_grad) for _ in range(n)]
+    dist.all_gather(grads, local_grad)
+    grads = torch.stack(grads)
+    b, big_b = local_batch, n * local_batch
+    small_sq = grads.pow(2).sum(1).mean()
+    big_sq = grads.mean(0).pow(2).sum()
+    g2 = (big_b * big_sq - b * small_sq) / (big_b - b)
+    trace = (small_sq - big_sq) / (1 / b - 1 / big_b)
+    return float(trace / g2)
+
+# %% 3.4 | takes the difference of the squared norms as tr(Σ) | expect: divide by (1/b − 1/B)
+def noise_scale_from_ranks(local_grad: torch.Tensor, local_batch: int) -> float:
+    n = dist.get_world_size()
+    b, big_b = local_batch, n * local_batch
+    both = torch.cat([local_grad, local_grad.pow(2).sum().reshape(1)])
+    dist.all_reduce(both)
+    both /= n
+    small_sq, big_sq = both[-1], both[:-1].pow(2).sum()
+    g2 = (big_b * big_sq - b * small_sq) / (big_b - b)
+    return float((small_sq - big_sq) / g2)

@@ -1,0 +1,165 @@
+"""The course notebooks run as a learner's would: each copied alone into an empty folder, with the
+package installed from a wheel (not the repository's editable install).
+
+- `pytest --nbval-lax tests` collects the course notebooks from `tests/test_course_notebooks.py`:
+  each `course/NN_topic.ipynb` is copied into its own empty temporary folder and run there under
+  nbval, exactly as before (`--nbval-lax`, `# NBVAL_CHECK_OUTPUT` cells compared); the node ids stay
+  `course/NN_topic.ipynb::Cell N`, so `-k 05_zero_fsdp` picks one lesson. Its kernel starts with
+  `PYTHONPATH` on the wheel's install folder and proves, before the first cell, that it imported
+  `m11_helpers` from there and that its cwd is outside the repository (tests/support/wheel.py).
+  The outputs each cell produced are written to build/test-artifacts/executed/ for the deck tests.
+- Grading runs (tests/test_lessons_graded.py, tests/test_wrong_answers.py) get the same
+  environment: their nbval subprocesses and kernels import the wheel's package too.
+- The wheel is built once per session (`pip wheel --no-deps --no-build-isolation`, ~2 s), and only
+  when a test that needs it runs.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from support.wheel import ROOT, cleanup, kernel_env, kernel_records, wheel_site
+
+ANCHOR = "test_course_notebooks.py"  # collecting this file collects the course notebooks' copies
+EXECUTED = ROOT / "build" / "test-artifacts" / "executed"
+# test modules whose notebook kernels (grader subprocesses, the wrong-answer runner) use the wheel
+WHEEL_MODULES = {"test_lessons_graded", "test_wrong_answers"}
+_state: dict = {"copies": None, "used_wheel": False}
+
+
+def _nbval_on(config: pytest.Config) -> bool:
+    return bool(getattr(config.option, "nbval_lax", False) or getattr(config.option, "nbval", False))
+
+
+def _copies_root() -> Path:
+    if _state["copies"] is None:
+        _state["copies"] = Path(tempfile.mkdtemp(prefix="m11-course-copies-"))
+    return _state["copies"]
+
+
+def _noting_failure(item, runtest):
+    def run():
+        try:
+            runtest()
+        except BaseException:
+            item._m11_failed = True
+            raise
+    return run
+
+
+class _CopiedNotebook:
+    """Mixed into nbval's IPyNbFile (imported lazily: nbval is a test dependency)."""
+
+    def collect(self):
+        self._m11_cells = list(super().collect())
+        for item in self._m11_cells:  # remember a failed cell: the saved notebook is then not "complete"
+            item.runtest = _noting_failure(item, item.runtest)
+        return self._m11_cells
+
+    def setup(self):
+        site = wheel_site()
+        _state["used_wheel"] = True
+        saved = dict(os.environ)
+        os.environ.update(kernel_env(site, check_cwd=True))  # the kernel process inherits it at start
+        try:
+            super().setup()
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+
+    def teardown(self):
+        try:
+            super().teardown()
+        finally:
+            self._save_executed()
+
+    def _save_executed(self) -> None:
+        """Write the notebook with the outputs nbval received, for the deck tests (decks with real outputs)."""
+        cells = getattr(self, "_m11_cells", [])
+        ran = [c for c in cells if c.test_outputs is not None]
+        if not ran:
+            return
+        nb = nbformat.read(self.path, as_version=4)
+        code = [c for c in nb.cells if c.cell_type == "code"]
+        for item in ran:
+            code[item.cell_num].outputs = item.test_outputs
+        complete = len(ran) == len(code) and not any(getattr(c, "_m11_failed", False) for c in cells)
+        nb.metadata["m11_executed"] = {"by": "nbval, from a copy with the wheel", "complete": complete}
+        EXECUTED.mkdir(parents=True, exist_ok=True)
+        nbformat.write(nb, EXECUTED / self.path.name)
+
+
+def _copied_notebook_class():
+    from nbval.plugin import IPyNbFile
+
+    return type("CopiedNotebook", (_CopiedNotebook, IPyNbFile), {})
+
+
+class CourseNotebooks(pytest.File):
+    """Every course/NN_topic.ipynb, each copied alone into an empty folder, as nbval items."""
+
+    def collect(self):
+        cls = _copied_notebook_class()
+        for src in sorted((ROOT / "course").glob("[0-9][0-9]_*.ipynb")):
+            folder = _copies_root() / src.stem
+            folder.mkdir(exist_ok=True)
+            copy = folder / src.name
+            shutil.copy2(src, copy)
+            yield cls.from_parent(self, path=copy, nodeid=f"course/{src.name}")
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector):
+    if file_path.name == ANCHOR and file_path.parent == Path(__file__).parent and _nbval_on(parent.config):
+        return CourseNotebooks.from_parent(parent, path=file_path, name="course", nodeid="course")
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests that read this session's executed notebooks (marker `after_course`) run after the course."""
+    items.sort(key=lambda item: item.get_closest_marker("after_course") is not None)
+
+
+@pytest.fixture(scope="session")
+def wheel() -> Path:
+    """The install folder of this session's wheel (`site`; the wheel itself is in site.parent / "dist")."""
+    _state["used_wheel"] = True
+    return wheel_site()
+
+
+@pytest.fixture(autouse=True)
+def _notebook_subprocesses_use_the_wheel(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
+    """Grading subprocesses and their kernels import the wheel's package (cwd is the grader's business)."""
+    module = getattr(request, "module", None)
+    if module is not None and module.__name__.rsplit(".", 1)[-1] in WHEEL_MODULES:
+        site = request.getfixturevalue("wheel")
+        for key, value in kernel_env(site, check_cwd=False, base={}).items():
+            monkeypatch.setenv(key, value)
+    yield
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    if not _state["used_wheel"]:
+        return
+    site = wheel_site()
+    records = kernel_records(site)
+    if not records:
+        return
+    in_repo = sorted({r["cwd"] for r in records if r["cwd_in_repo"]})
+    line = (f"m11 wheel: {len(records)} notebook kernels imported m11_helpers from the wheel "
+            f"({sum(r['from_wheel'] for r in records)} of them from {site})")
+    terminalreporter.write_line(line)
+    if in_repo:
+        terminalreporter.write_line(f"m11 wheel: kernels whose cwd was inside the repository: {', '.join(in_repo)}")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _state["copies"] is not None:
+        shutil.rmtree(_state["copies"], ignore_errors=True)
+    if wheel_site.cache_info().currsize:
+        cleanup(wheel_site())

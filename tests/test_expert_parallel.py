@@ -1,0 +1,119 @@
+"""Expert parallelism on 4 real gloo ranks against the dense single-process MoE layer, with and without dropping."""
+
+import math
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from m11_helpers import expert_parallel as ep
+from m11_helpers.expert_parallel import (
+    ExpertParallelMoE,
+    MoELayer,
+    all_to_all_bytes,
+    dp_all_reduce_bytes,
+    expert_capacity,
+    load_balancing_loss,
+    route,
+)
+from m11_helpers.grading.observe import record_comm
+from m11_helpers.launch import launch
+
+H, E, K, TOKENS = 16, 8, 2, 64
+
+
+def _data():
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(TOKENS, H, generator=g, dtype=torch.float64), torch.randn(TOKENS, H, generator=g, dtype=torch.float64)
+
+
+def _moe(cf):
+    return MoELayer(H, E, top_k=K, ffn_hidden=24, capacity_factor=cf, seed=0, dtype=torch.float64)
+
+
+def _on_ranks():
+    r, n = dist.get_rank(), dist.get_world_size()
+    x, w = _data()
+    out = {}
+    for cf in (None, 1.0, 0.5):
+        moe = _moe(cf)
+        layer = ExpertParallelMoE(moe)
+        xl = x.chunk(n)[r].clone().requires_grad_()
+        ep.COMM.clear()
+        with record_comm() as log:
+            y, aux = layer(xl)
+            (y * w.chunk(n)[r]).sum().backward()
+        dist.all_reduce(moe.router.weight.grad)  # the router is replicated: data-parallel gradient
+        out[cf] = {"y": y.detach(), "dx": xl.grad, "aux": aux.item(), "router": moe.router.weight.grad,
+                   "experts": {k: p.grad for k, p in layer.local.named_parameters()}, "comm": dict(ep.COMM),
+                   "ops": log.ops(), "dropped": layer.last_dropped}
+    return out
+
+
+@pytest.fixture(scope="module")
+def results():
+    return launch(_on_ranks, num_processes=4, timeout=120, show_output=False)
+
+
+@pytest.mark.parametrize("cf", [None, 1.0, 0.5])
+def test_expert_parallel_equals_the_dense_layer(results, cf):
+    moe = _moe(cf)
+    x, w = _data()
+    x.requires_grad_()
+    y, aux = moe(x, groups=4)  # each rank's tokens are one capacity group
+    (y * w).sum().backward()
+    got = [r[cf] for r in results]
+    torch.testing.assert_close(torch.cat([g["y"] for g in got]), y.detach())
+    torch.testing.assert_close(torch.cat([g["dx"] for g in got]), x.grad)
+    torch.testing.assert_close(got[0]["router"], moe.router.weight.grad)
+    for rank, g in enumerate(got):
+        for i in range(E // 4):
+            torch.testing.assert_close(g["experts"][f"{i}.w2.weight"], moe.experts[rank * 2 + i].w2.weight.grad)
+    assert sum(g["aux"] for g in got) / 4 == pytest.approx(aux.item())
+    assert sum(g["dropped"] for g in got) == moe.last_dropped
+    if cf is None:
+        assert moe.last_dropped == 0
+
+
+def test_dropping_grows_as_the_capacity_factor_shrinks(results):
+    dropped = [sum(r[cf]["dropped"] for r in results) for cf in (None, 1.0, 0.5)]
+    assert dropped[0] == 0 < dropped[1] < dropped[2]
+    # at cf = 0.5 each expert takes ⌈0.5·2·16/8⌉ = 2 of a rank's 32 assignments: 16 kept, 16 dropped
+    assert all(r[0.5]["dropped"] == 16 for r in results)
+
+
+def test_dispatch_and_combine_are_all_to_all_single_and_bytes_are_counted(results):
+    for r in results:
+        ops = r[None]["ops"]
+        assert set(ops) == {"all_to_all_single"} and len(ops) == 5  # counts, dispatch, combine, 2 × backward
+        assert r[None]["comm"]["all_to_all"] == 4 and r[None]["comm"]["all_to_all (counts)"] == 1
+        assert r[None]["comm"]["all_to_all bytes"] > 0
+
+
+def test_capacity_route_and_aux_loss():
+    assert expert_capacity(1024, 8, 1, 1.0) == 128  # tokens/E × cf (Switch §2.2)
+    assert expert_capacity(1024, 8, 2, 1.25) == 320
+    logits = torch.zeros(6, 3)
+    logits[:, 0] = 5.0  # every token prefers expert 0
+    r = route(logits, top_k=1, capacity=2)
+    assert r.keep.flatten().tolist() == [True, True, False, False, False, False] and r.dropped == 4
+    uniform = route(torch.eye(4).repeat(2, 1) * 3, top_k=1, capacity=None)  # 8 tokens, 2 per expert
+    assert load_balancing_loss(uniform, alpha=1.0).item() == pytest.approx(
+        4 * sum(0.25 * uniform.probs[:, i].mean().item() for i in range(4)))
+    skewed = route(logits, top_k=1, capacity=None)
+    assert load_balancing_loss(skewed, 1.0) > load_balancing_loss(uniform, 1.0)
+
+
+def test_byte_formulas():
+    assert all_to_all_bytes(4096, 4096, 2, 8, 2) == pytest.approx(4 * 2 * 4096 * 4096 * 2 * 7 / 8)
+    assert dp_all_reduce_bytes(10**6, 4, 2) == pytest.approx(3e6)
+    assert all_to_all_bytes(10, 8, 1, 1) == 0
+
+
+def test_bad_input():
+    for call, name in [(lambda: expert_capacity(0, 8), "tokens"), (lambda: MoELayer(8, 4, top_k=5), "top_k"),
+                       (lambda: MoELayer(8, 4, capacity_factor=-1.0), "capacity_factor"),
+                       (lambda: all_to_all_bytes(1, 1, 1, 0), "world")]:
+        with pytest.raises(ValueError, match=name):
+            call()
+    assert math.isclose(expert_capacity(10, 3, 1, 1.0), 4)

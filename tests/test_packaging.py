@@ -1,0 +1,265 @@
+"""What a learner installs: a core that leaves the host's Jupyter alone, extras for the rest, true floors.
+
+1. Installing the course's core into a Colab-like environment (Colab's Jupyter pins + torch 2.13)
+   changes no installed package (`pip install --dry-run --report`).
+2. Every module imports with the core alone (a venv with only the core's requirements and the
+   wheel), or, for a tool, fails only for a package its extra declares; statically, every import
+   statement of a module names the core or that module's extra.
+3. (tests/test_version_floors.py: the floors cover the APIs used; fallbacks with newer APIs hidden.)
+4. The kernel-side proof of "imported from the wheel" fires when it should (tests/support/wheel.py).
+5. Set-up without npm: the Makefile's asset step exits 0 and says what decks then need.
+
+The two venvs are cached under build/venvs/ (keyed by what goes in); the tests skip, saying why,
+only when the package index is unreachable.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import importlib.metadata as md
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.version import Version
+
+from m11_helpers import REPO
+from m11_helpers.tools.setup_cell import install_spec, repo_url, setup_cell_source
+from support.venvs import COLAB_PINS, RegistryUnreachable, cached_venv, colab_venv, installed, pip
+from support.wheel import CHECK_EXIT, kernel_env, wheel_file
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    from pip._vendor import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parents[1]
+PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+CORE = [Requirement(r) for r in PROJECT["dependencies"]]
+
+
+def _extra(name: str) -> set[str]:
+    """Distribution names an extra brings directly, self-references (m11-helpers[a,b]) followed."""
+    names = set()
+    for line in PROJECT["optional-dependencies"][name]:
+        req = Requirement(line)
+        names |= set().union(*(_extra(e) for e in req.extras)) if _norm(req.name) == "m11-helpers" else {_norm(req.name)}
+    return names
+
+
+CORE_NAMES = {_norm(r.name) for r in CORE}
+# modules a notebook (or the `m11` entry point itself) imports: they must need nothing beyond the core
+CORE_TOOLS = {"m11_helpers.grading", "m11_helpers.grading.checks", "m11_helpers.grading.observe",
+              "m11_helpers.tools", "m11_helpers.tools.cli", "m11_helpers.tools.doctor", "m11_helpers.tools.paths",
+              "m11_helpers.tools.setup_cell", "m11_helpers.tools.scripts", "m11_helpers.tools.assets"}
+
+
+def module_extra(module: str) -> str | None:
+    """The extra a module may need beyond the core (None: the core alone)."""
+    if module in CORE_TOOLS or not module.startswith(("m11_helpers.tools.", "m11_helpers.grading.")):
+        return None
+    if module in ("m11_helpers.tools.slides", "m11_helpers.tools.course"):
+        return "slides"
+    return "grade" if module.startswith("m11_helpers.grading.") else "dev"  # contributor tools: nbclean, new-lesson
+
+
+def package_modules(root: Path = ROOT) -> dict[str, Path]:
+    """Every importable module of the package under root (the training scripts run under `accelerate launch`)."""
+    out = {}
+    for path in sorted((root / "m11_helpers").rglob("*.py")):
+        rel = path.relative_to(root).with_suffix("")
+        if "scripts" in rel.parts or "templates" in rel.parts or rel.name == "__main__":
+            continue
+        out[".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)] = path
+    return out
+
+
+@functools.cache
+def _distributions() -> dict[str, list[str]]:
+    return md.packages_distributions()  # top-level import name -> distributions (a scan: once)
+
+
+def third_party_imports(path: Path) -> set[str]:
+    """Distributions named by the module's import statements (any level), stdlib and the package excluded."""
+    dists = _distributions()
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+            [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else [])
+        for name in names:
+            top = name.split(".")[0]
+            if top not in sys.stdlib_module_names and top not in ("m11_helpers", "__future__"):
+                found |= {_norm(d) for d in dists.get(top, [top])}
+    return found
+
+
+# ------------------------------------------------------------------------------------------------
+# 1. the core and a Colab-like environment
+# ------------------------------------------------------------------------------------------------
+
+def test_the_notebooks_install_the_core_of_this_release_only() -> None:
+    spec = install_spec()
+    assert "[" not in spec.split("@")[0], f"the setup cell must install the core, no extras: {spec}"
+    assert spec.endswith(f"@v{md.version('m11-helpers')}") and REPO in spec
+
+
+def _would_change(venv: Path, before: dict[str, str], *args: str) -> tuple[dict[str, str], list[str]]:
+    """(installed packages a `pip install --dry-run` would change, every package it would install)."""
+    report = json.loads(pip(venv, "install", "-q", "--dry-run", "--report", "-", *args).stdout)
+    wanted = {_norm(i["metadata"]["name"]): i["metadata"]["version"] for i in report["install"]}
+    return {n: f"{before[n]} -> {v}" for n, v in wanted.items() if n in before}, sorted(wanted)
+
+
+@pytest.mark.slow
+def test_installing_the_core_into_a_colab_like_environment_changes_no_package(wheel: Path, tmp_path: Path) -> None:
+    """The setup cell's install (`pip install --constraint <pip list --format=freeze> SPEC`), dry-run on
+    Colab's Jupyter pins with this session's wheel as SPEC: nothing installed changes."""
+    cell = setup_cell_source()
+    assert '"pip", "list", "--format=freeze"' in cell and '"--constraint", pins.name' in cell
+    try:
+        venv = colab_venv()
+        before = installed(venv)
+        pins = tmp_path / "host.txt"
+        pins.write_text(pip(venv, "list", "--format=freeze").stdout)
+        plain, _ = _would_change(venv, before, str(wheel_file(wheel)))
+        changed, added = _would_change(venv, before, "--constraint", str(pins), str(wheel_file(wheel)))
+    except RegistryUnreachable as err:
+        pytest.skip(str(err))
+    assert {_norm(p.split("==")[0]): p.split("==")[1] for p in COLAB_PINS}.items() <= before.items()
+    print(f"\ndry run into {venv.name} ({len(before)} packages): packages changed: {changed or 'none'}; "
+          f"added: {', '.join(added)}\n(a plain `pip install` without the constraint would change: {plain or 'none'})")
+    assert "m11-helpers" in added
+    assert changed == {}, f"the setup cell's install would change the host's packages: {changed}"
+
+
+# ------------------------------------------------------------------------------------------------
+# 2. each module needs what its extra declares, and the core alone for everything a notebook imports
+# ------------------------------------------------------------------------------------------------
+
+def test_every_import_statement_names_the_core_or_the_modules_extra() -> None:
+    wrong = {}
+    for module, path in package_modules().items():
+        extra = module_extra(module)
+        allowed = CORE_NAMES | (_extra(extra) if extra else set())
+        if extra == "dev":
+            allowed |= _extra("slides") | _extra("grade")
+        stray = third_party_imports(path) - allowed
+        if stray:
+            wrong[module] = (extra or "core", sorted(stray))
+    assert not wrong, f"modules importing what their extra does not declare (module: (extra, packages)): {wrong}"
+
+
+IMPORT_ALL = """
+import importlib, json, sys, traceback
+result = {}
+for name in json.loads(sys.argv[1]):
+    try:
+        importlib.import_module(name)
+        result[name] = None
+    except ModuleNotFoundError as err:
+        result[name] = ["missing", err.name]
+    except Exception as err:
+        result[name] = ["error", "".join(traceback.format_exception_only(type(err), err)).strip()]
+print(json.dumps(result))
+"""
+
+
+@pytest.mark.slow
+def test_every_module_imports_in_a_venv_with_only_the_core(wheel: Path, tmp_path: Path) -> None:
+    try:
+        venv = cached_venv("core", tuple(str(r) for r in CORE))
+    except RegistryUnreachable as err:
+        pytest.skip(str(err))
+    have = installed(venv)
+    jupyter = sorted(n for n in have if n in {"notebook", "jupyterlab", "jupyter-server", "nbconvert", "nbclient",
+                                              "nbval", "pytest", "jupyterlab-rise"})
+    assert not jupyter, f"the core pulls in Jupyter/test packages a notebook host already has: {jupyter}"
+    modules = package_modules(wheel)  # what this session's wheel holds (the tree may be edited meanwhile)
+    env = dict(kernel_env(wheel, check_cwd=True), M11_STRICT="1")
+    out = subprocess.run([str(venv / "bin" / "python"), "-W", "error::DeprecationWarning", "-c", IMPORT_ALL,
+                          json.dumps(list(modules))], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout)
+    bad = {}
+    for module, problem in result.items():
+        extra = module_extra(module)
+        if problem is None:
+            continue
+        if extra and problem[0] == "missing" and _norm(problem[1].split(".")[0]) in _extra(extra) | (
+                _extra("slides") | _extra("grade") if extra == "dev" else set()):
+            continue  # a tool whose extra is not installed: `m11` says which extra to install
+        bad[module] = (extra or "core", problem)
+    assert not bad, f"modules that do not import with the core alone: {bad}"
+    # the `m11` command works with the core, and a command whose extra is missing says which to install
+    m11 = [str(venv / "bin" / "python"), "-m", "m11_helpers.tools.cli"]
+    assert subprocess.run([*m11, "--version"], cwd=tmp_path, env=env, capture_output=True, timeout=120).returncode == 0
+    slides = subprocess.run([*m11, "slides", "x.ipynb"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                            timeout=120)
+    assert slides.returncode == 2 and "[slides] extra" in slides.stderr and "Traceback" not in slides.stderr, slides
+
+
+# ------------------------------------------------------------------------------------------------
+# 4. the kernel-side proof, and 5. set-up without npm
+# ------------------------------------------------------------------------------------------------
+
+def test_kernel_check_passes_for_the_wheel_and_kills_otherwise(wheel: Path, tmp_path: Path) -> None:
+    check = wheel.parent / "ipython" / "profile_default" / "startup" / "00-m11-wheel-check.py"
+    env = dict(kernel_env(wheel, check_cwd=True), M11_WHEEL_LOG=str(tmp_path / "kernels.jsonl"))
+
+    def run(cwd, **change):
+        return subprocess.run([sys.executable, str(check)], cwd=cwd, env=dict(env, **change), capture_output=True,
+                              text=True, timeout=60)
+
+    assert run(tmp_path).returncode == 0
+    repo_package = run(tmp_path, PYTHONPATH=str(ROOT))
+    assert repo_package.returncode == CHECK_EXIT and "not from the wheel" in repo_package.stderr
+    in_repo = run(ROOT)
+    assert in_repo.returncode == CHECK_EXIT and "inside the repository" in in_repo.stderr
+
+
+def test_setup_without_npm_skips_the_slide_assets_and_says_what_to_do(tmp_path: Path) -> None:
+    venv = Path(sys.prefix)
+    recipe = subprocess.run(["make", "-n", "-B", "--no-print-directory", f"{venv}/.m11-installed", f"VENV={venv}"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=60).stdout
+    (line,) = [ln for ln in recipe.splitlines() if "m11_helpers.tools.assets" in ln]
+    bare = tmp_path / "bin"  # a PATH with a shell and nothing else: no npm
+    bare.mkdir()
+    (bare / "sh").symlink_to("/bin/sh")
+    env = dict(os.environ, PATH=str(bare), M11_ASSETS=str(tmp_path / "assets"))
+    out = subprocess.run(["/bin/sh", "-c", line], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "npm was not found" in out.stdout and "m11 slides --cdn" in out.stdout
+    assert f"{sys.executable} -m m11_helpers.tools.assets" in out.stdout  # this interpreter, not `.venv/`
+    assert not (tmp_path / "assets").exists()
+
+
+# ------------------------------------------------------------------------------------------------
+# metadata a package index shows
+# ------------------------------------------------------------------------------------------------
+
+def test_metadata_licence_urls_classifiers_and_absolute_readme_links() -> None:
+    assert PROJECT["license"] == "MIT" and (ROOT / "LICENSE").read_text().startswith("MIT License")
+    assert all(url.startswith(repo_url()) for url in PROJECT["urls"].values())
+    classifiers = set(PROJECT["classifiers"])
+    assert {"Operating System :: POSIX :: Linux", "Framework :: Jupyter"} <= classifiers
+    floor = Version(PROJECT["requires-python"].removeprefix(">="))
+    assert f"Programming Language :: Python :: {floor.major}.{floor.minor}" in classifiers
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    links = re.findall(r"\]\(([^)\s]+)\)", readme)
+    relative = [u for u in links if not re.match(r"https?://", u)]
+    assert links and not relative, f"README links must be absolute (they are shown on the package index): {relative}"
+    for url in (u for u in links if u.startswith(repo_url("") + "/blob/main/")):
+        assert (ROOT / url.removeprefix(repo_url("") + "/blob/main/")).exists(), f"{url}: no such file in the repo"

@@ -1,0 +1,98 @@
+"""quantities.py: one line per shared figure, and no two notebooks may print a figure differently (issue 20)."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from m11_helpers import quantities as Q
+from m11_helpers.activations import activation_bytes
+from m11_helpers.config import RUNNING_EXAMPLE, param_count
+from m11_helpers.model_states import LAYOUTS, gradient_bytes, model_state_bytes
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "course").glob("*.ipynb")) + sorted((ROOT / "solutions").glob("*.ipynb"))
+
+
+def stored_outputs(path: Path) -> str:
+    """Every stored output's text of a notebook (cleaned notebooks keep only the checked ones)."""
+    out = []
+    for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
+        for o in cell.get("outputs", []):
+            text = o.get("text", "") if o.get("output_type") == "stream" else o.get("data", {}).get("text/plain", "")
+            out.append("".join(text) if isinstance(text, list) else text)
+    return "\n".join(out)
+
+
+def test_every_notebook_prints_the_current_value_and_notebooks_agree():
+    assert NOTEBOOKS, "no notebooks found"
+    outputs = {str(p.relative_to(ROOT)): stored_outputs(p) for p in NOTEBOOKS}
+    problems = Q.check_outputs(outputs)
+    assert not problems, "\n".join(problems)
+
+
+def test_every_say_is_in_a_checked_cell():
+    # a figure printed in an unchecked cell is stripped when the notebook is cleaned: nothing would guard it
+    unguarded = []
+    for path in NOTEBOOKS:
+        for i, cell in enumerate(json.loads(path.read_text(encoding="utf-8"))["cells"]):
+            src = "".join(cell["source"])
+            if cell["cell_type"] == "code" and re.search(r"\bsay\(", src) and not src.startswith("# NBVAL_CHECK_OUTPUT"):
+                unguarded.append(f"{path.relative_to(ROOT)} cell {i}")
+    assert not unguarded, f"say() outside a '# NBVAL_CHECK_OUTPUT' cell: {unguarded}"
+
+
+def test_the_scan_catches_unknown_stale_and_disagreeing_lines():
+    good = Q.line("7b.grad_bytes.autocast")
+    stale = good.replace("27.0 GB", "13.5 GB")
+    other = Q.line("7b.params", note="Touvron et al. 2023")
+    assert Q.check_outputs({"a": f"intro\n{good}\n{other}", "b": "  " + good + "\n"}) == []
+    problems = Q.check_outputs({"a": good, "b": stale, "c": "x [m11:7b.nope]"})
+    assert len(problems) == 3
+    assert "stale" in problems[0] and "b:" in problems[0]
+    assert "a prints '27.0 GB', b prints '13.5 GB'" in problems[1]
+    assert "unknown quantity [m11:7b.nope]" in problems[2]
+    assert Q.check_outputs([("a", "M11-7B something else: 1 GB  [m11:7b.params]")])  # a changed label is stale too
+    assert Q.find_tags("no tag here\n[m11:7b.params] not at the end") == []
+
+
+def test_say_prints_the_canonical_line(capsys):
+    out = Q.say("7b.params")
+    assert capsys.readouterr().out == out + "\n"
+    assert out == "M11-7B (Llama-2-7B shape) parameters: 6,738,415,616 parameters (6.74 B)  [m11:7b.params]"
+    noted = Q.say("7b.grad_bytes.autocast", note="under autocast, no comm hook")
+    assert noted.endswith("27.0 GB  (under autocast, no comm hook)  [m11:7b.grad_bytes.autocast]")
+    with pytest.raises(ValueError, match="fmt keyword"):
+        Q.say("7b.params", digits=3)
+    with pytest.raises(ValueError, match="key"):
+        Q.say("7b.parameters")
+
+
+def test_values_come_from_the_owning_helpers():
+    psi = param_count(RUNNING_EXAMPLE)
+    assert Q.KEYS == tuple(Q.QUANTITIES) and len(set(Q.KEYS)) == len(Q.KEYS)
+    assert Q.value("7b.params") == psi == 6_738_415_616
+    for name in LAYOUTS:
+        assert Q.value(f"7b.grad_bytes.{name}") == gradient_bytes(psi, name)
+        assert Q.value(f"7b.model_states.{name}.zero3.n8") == model_state_bytes(psi, name, 8, 3)["total"]
+    assert Q.value("7b.activations.full") == activation_bytes(RUNNING_EXAMPLE, 1, recompute="full")["total"]
+    for key in Q.KEYS:  # every line renders, with its tag last
+        assert Q.line(key).endswith(f"  [m11:{key}]") and Q.QUANTITIES[key].source
+    # the figures issue 20 asks for (item 2: autocast moves fp32 gradients; item 3: one activation model)
+    shown = {k: Q.QUANTITIES[k].text() for k in Q.KEYS}
+    assert shown["7b.grad_bytes.autocast"] == "27.0 GB" and shown["7b.grad_bytes.autocast+bf16-hook"] == "13.5 GB"
+    assert shown["7b.model_states.megatron"] == "107.8 GB = 100.4 GiB"
+    assert shown["7b.model_states.megatron-fp32-grads"] == "121.3 GB = 113.0 GiB"
+    assert shown["7b.model_states.deepspeed.zero1.n8"] == "37.1 GB = 34.5 GiB"
+    assert shown["7b.bytes_per_param.autocast"].startswith("16 B/param (4 + 4 + 0 + 8")
+    assert [shown[f"7b.activations.{k}"].split(" GB")[0] for k in ("none", "none.flash", "selective", "full")] == \
+        ["55.1", "20.7", "20.7", "1.67"]
+
+
+def test_format_gb_decimal_and_binary():
+    assert Q.format_gb(27e9) == "27.0 GB"
+    assert Q.format_gb(80 * 2**30, gib=True) == "85.9 GB = 80.0 GiB"  # an "80 GB" H100 holds 80 GiB
+    assert Q.format_gb(1.665e9) == "1.67 GB"
+    with pytest.raises(ValueError, match="n_bytes"):
+        Q.format_gb(-1)

@@ -1,0 +1,93 @@
+"""The loss-spike guard: verdicts, the running median, skipped batches; and on real ranks, a run with an
+injected bad batch rolls back, skips it and ends bit-identical to a run that never read those batches."""
+
+import math
+
+import pytest
+import torch
+
+from m11_helpers.launch import launch
+from m11_helpers.reference_run import loss_curve, run_train
+from m11_helpers.spike_guard import (
+    SPIKE_SCALE,
+    RepeatedSpikes,
+    SpikeGuard,
+    inject,
+    next_batch,
+    parse_batches,
+    skip_window,
+)
+
+RUN = ["--steps", 12, "--ckpt-every", 3, "--log-every", 100]
+
+
+def test_verdicts_non_finite_and_spikes_against_the_running_median():
+    g = SpikeGuard(factor=3.0, window=4, min_history=3)
+    assert g.check(float("nan")) == "non-finite loss" and g.check(2.0, float("inf")) == "non-finite gradient norm"
+    assert g.check(100.0) is None  # no history yet: a spike needs something to be compared with
+    for loss in (4.0, 3.0, 2.0, 1.0, 1.0):
+        g.accept(loss)
+    assert g.history == [3.0, 2.0, 1.0, 1.0]  # the last `window` accepted losses
+    assert g.check(4.6) == "loss spike: 4.6 > 3 × running median 1.5" and g.check(4.5) is None
+    state = g.state_dict()
+    h = SpikeGuard(factor=3.0, window=4, min_history=3)
+    h.load_state_dict(state)
+    assert h.history == g.history
+
+
+def test_repeated_spikes_stop_the_run_and_bad_arguments_say_what_is_allowed():
+    g = SpikeGuard(max_rollbacks=2)
+    g.rolled_back("nan")
+    g.rolled_back("nan")
+    with pytest.raises(RepeatedSpikes, match="lower learning rate"):
+        g.rolled_back("nan")
+    for kwargs, name in (({"factor": 1.0}, "factor"), ({"window": 0}, "window"), ({"max_rollbacks": -1}, "max_rollbacks")):
+        with pytest.raises(ValueError, match=name):
+            SpikeGuard(**kwargs)
+
+
+def test_data_position_skips_ranges():
+    assert next_batch(5, []) == 5 and next_batch(5, [[3, 6]]) == 7
+    assert next_batch(3, [[3, 4], [5, 8], [12, 12]]) == 9  # touching ranges are skipped in one go
+    assert next_batch(12, [[12, 12], [10, 13]]) == 14  # overlapping, in any order
+    assert skip_window(6, 7) == [6, 7] and parse_batches("12-15, 40") == [[12, 15], [40, 40]] and parse_batches("") == []
+    for bad in ("3-1", "x", "4-"):
+        with pytest.raises(ValueError, match="batches"):
+            parse_batches(bad)
+    with pytest.raises(ValueError, match="bad_batch"):
+        skip_window(6, 5)
+
+
+def test_inject_is_a_labelled_simulation():
+    loss = torch.tensor(2.0, requires_grad=True)
+    assert inject(loss, "spike").item() == 2.0 * SPIKE_SCALE and math.isnan(inject(loss, "nan").item())
+    with pytest.raises(ValueError, match="kind"):
+        inject(loss, "oops")
+
+
+def _train(*argv):
+    return launch(run_train, *RUN, *argv, num_processes=2, show_output=False)[0]
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory):
+    """The run an operator would restart by hand with batches 6-7 skipped (PaLM's window for a bad batch 7)."""
+    return _train("--ckpt-dir", tmp_path_factory.mktemp("clean"), "--skip-batches", "6-7")
+
+
+@pytest.mark.parametrize("kind,reason", [("nan", "non-finite loss"), ("spike", "loss spike")])
+def test_injected_bad_batch_rolls_back_skips_and_recovers(tmp_path, clean, kind, reason):
+    hit = _train("--ckpt-dir", tmp_path, "--inject-bad-batch", 7, "--bad-batch-kind", kind)
+    # batch 7 is caught before its step is applied; the run goes back to the step-6 checkpoint and
+    # skips batches 6-7 (from the checkpoint's data position through the bad batch)
+    [rb] = hit["rollbacks"]
+    assert rb["batch"] == 7 and rb["to_step"] == 6 and rb["skipped"] == [6, 7] and rb["reason"].startswith(reason)
+    assert hit["skipped"] == [[6, 7]] and all(math.isfinite(v) for v in hit["losses"])
+    # recovered = exactly the run restarted by hand with those batches skipped, bit for bit
+    assert clean["checksum"] == hit["checksum"] and loss_curve(clean) == loss_curve(hit)
+
+
+def test_without_the_guard_one_nan_step_poisons_every_weight():
+    poisoned = _train("--steps", 9, "--inject-bad-batch", 7, "--no-guard")
+    assert math.isnan(poisoned["losses"][7]) and math.isnan(poisoned["losses"][8])  # the step after, too
+    assert all(math.isfinite(v) for v in poisoned["losses"][:7])

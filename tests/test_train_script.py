@@ -1,0 +1,285 @@
+"""The reference script on real gloo ranks: against one process, one reduction per step, resharding
+resume within float-summation tolerance, SIGKILL/SIGTERM + resume bit-identical, elastic restarts.
+
+Two uninterrupted reference runs (4 and 2 ranks, module-scoped) serve every comparison. Resharding
+tolerance: a different number of ranks sums each gradient element's per-rank partial sums in a
+different order (and each rank's local mean runs over a different number of rows), so gradients
+differ by a few fp32 ulp (2^-23 ≈ 1.2e-7 relative). AdamW divides each element by its own running
+RMS, which carries a relative error unchanged but lets an element whose partial sums nearly cancel
+take a visibly different (still ≤ lr) step: losses agree to rtol 1e-5 (measured ≤ 1.9e-7 over 36
+steps), weights to atol 1e-4 = lr/30 (measured ≤ 7e-6 over 8 steps, 2.4e-5 over 36).
+"""
+
+import random
+import shutil
+import signal
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from m11_helpers.config import TINY_GPT
+from m11_helpers.data import tokens
+from m11_helpers.fault_tolerance import batch_indices
+from m11_helpers.fsdp import TrafficCounter
+from m11_helpers.launch import LaunchError, launch, launch_script
+from m11_helpers.lr_schedule import lr_factor, warmup_cosine
+from m11_helpers.meta_init import materialize
+from m11_helpers.models import TinyGPT
+from m11_helpers.reference_run import SendSignal, exit_codes, loss_curve, run_train, script_module
+from m11_helpers.resources import script_path
+from m11_helpers.sharded_checkpoint import complete_steps, step_dir
+from m11_helpers.throughput import chip_for, device_peak, step_throughput
+
+STEPS, STEPS4 = 12, 8  # the 2-rank reference runs 12 steps, the (dearer) 4-rank one 8
+COMMON = ["--steps", STEPS, "--ckpt-every", 4, "--keep", 10, "--log-every", 100]
+COMMON4 = [*COMMON, "--steps", STEPS4]  # argparse: the last --steps wins
+LOSS_RTOL, WEIGHT_ATOL = 1e-5, 1e-4  # the resharding tolerance (module docstring)
+
+
+class KeepWeights:
+    """Observer: the full final weights, gathered to rank 0's CPU (None elsewhere)."""
+
+    weights = None
+
+    def on_end(self, model):
+        full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        self.weights = {k: v.clone() for k, v in full.items()} if dist.get_rank() == 0 else None
+
+
+def train_keep_weights(*argv):
+    obs = KeepWeights()
+    return run_train(*argv, observer=obs), obs.weights
+
+
+def run(n, *argv, timeout=240):
+    out = launch(train_keep_weights, *argv, num_processes=n, timeout=timeout, show_output=False)
+    return out[0][0], out[0][1]  # rank 0's result and weights
+
+
+@pytest.fixture(scope="module")
+def ref4(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("ref4")
+    result, weights = run(4, *COMMON4, "--ckpt-dir", folder)
+    return {"result": result, "weights": weights, "dir": folder}
+
+
+@pytest.fixture(scope="module")
+def ref2(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("ref2")
+    result, weights = run(2, *COMMON, "--ckpt-dir", folder)
+    return {"result": result, "weights": weights, "dir": folder}
+
+
+def _copy_checkpoint(src, step, dst):
+    shutil.copytree(step_dir(src, step), step_dir(dst, step))
+    return dst
+
+
+def _single_process_losses(steps, batch=16, lr=3e-3, seed=0, warmup=4):
+    """The same training in one process, written out plainly: no wrapper, full-batch mean loss."""
+    with torch.device("meta"):
+        model = TinyGPT(TINY_GPT)
+    materialize(model, "cpu", seed=seed)
+    params = list(model.parameters())
+    opt = torch.optim.AdamW([{"params": [p for p in params if p.ndim >= 2], "weight_decay": 0.1},
+                             {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}],
+                            lr=lr, betas=(0.9, 0.95), fused=True)
+    sched = warmup_cosine(opt, warmup=warmup, total=steps, floor=0.1)
+    x_all, y_all = tokens(n=2048, seed=seed).tensors
+    losses = []
+    for s in range(steps):
+        idx = batch_indices(s, batch, len(x_all), seed=seed)
+        loss = F.cross_entropy(model(x_all[idx]).flatten(0, 1), y_all[idx].flatten())
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        sched.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+def test_fsdp2_on_4_ranks_matches_one_process(ref4):
+    r = ref4["result"]
+    assert r["steps"] == list(range(STEPS4)) and r["world"] == 4
+    torch.testing.assert_close(r["losses"], _single_process_losses(STEPS4), rtol=LOSS_RTOL, atol=0)
+    assert r["losses"][-1] < r["losses"][0] - 0.3  # it learns
+    assert complete_steps(ref4["dir"]) == [4, 8]  # --keep 10: nothing deleted yet
+
+
+class CountReductions:
+    """Observer: gradient reductions per optimizer step (FSDP2 reduce-scatters; DDP all-reduce rounds)."""
+
+    def on_build(self, model):
+        self.per_step, self.units = [], sum(isinstance(m, FSDPModule) for m in model.modules())
+        if isinstance(model, DDP):
+            from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+            self.rounds = 0
+
+            def hook(state, bucket):
+                self.rounds += bucket.is_last()  # a round = every bucket once; the last closes it
+                return allreduce_hook(state, bucket)
+
+            model.register_comm_hook(None, hook)
+        else:
+            self.counter = TrafficCounter().attach(model)
+
+    def on_step(self, record):
+        if hasattr(self, "counter"):
+            self.per_step.append(sum(kind == "reduce_scatter" for kind, _ in self.counter.records))
+            self.counter.reset()
+        else:
+            self.per_step.append(self.rounds)
+            self.rounds = 0
+
+
+def count_reductions(*argv):
+    obs = CountReductions()
+    out = run_train(*argv, observer=obs)
+    return out["losses"], obs.per_step, obs.units
+
+
+# FSDP2 in bf16 (MixedPrecisionPolicy) agrees with fp32 to bf16's precision; DDP in fp32 to float summation
+@pytest.mark.parametrize("parallel,extra,rtol", [("fsdp2", ["--bf16", "--ac"], 2e-2), ("ddp", ["--ac"], LOSS_RTOL)])
+def test_accumulation_reduces_gradients_once_per_step(parallel, extra, rtol):
+    losses, per_step, units = launch(count_reductions, "--parallel", parallel, "--accum", 2, "--steps", 3,
+                                     "--warmup", 1, *extra, num_processes=2, show_output=False)[0]
+    if parallel == "fsdp2":  # one reduce-scatter per FSDP unit (4 blocks + the root) per step, not 2 × that
+        assert units == TINY_GPT.layers + 1 and per_step == [units] * 3
+    else:
+        assert per_step == [1] * 3  # one all-reduce round per step, not one per micro-batch
+    torch.testing.assert_close(losses, _single_process_losses(3, warmup=1), rtol=rtol, atol=0)
+
+
+def test_resume_on_2_ranks_from_a_4_rank_checkpoint(ref4, tmp_path):
+    folder = _copy_checkpoint(ref4["dir"], 4, tmp_path)
+    r, w = run(2, *COMMON4, "--ckpt-dir", folder)
+    assert r["resumed"]["saved_world_size"] == 4 and r["resumed"]["resharded"] and r["steps"] == list(range(4, STEPS4))
+    torch.testing.assert_close(r["losses"], ref4["result"]["losses"][4:], rtol=LOSS_RTOL, atol=0)
+    torch.testing.assert_close(w, ref4["weights"], rtol=0, atol=WEIGHT_ATOL)
+
+
+def test_resume_on_4_ranks_from_a_2_rank_checkpoint(ref2, tmp_path):
+    folder = _copy_checkpoint(ref2["dir"], 8, tmp_path)  # against the uninterrupted 2-rank run
+    r, w = run(4, *COMMON, "--ckpt-dir", folder)
+    assert r["resumed"]["saved_world_size"] == 2 and r["steps"] == list(range(8, STEPS))
+    torch.testing.assert_close(r["losses"], ref2["result"]["losses"][8:], rtol=LOSS_RTOL, atol=0)
+    torch.testing.assert_close(w, ref2["weights"], rtol=0, atol=WEIGHT_ATOL)
+
+
+def train_until_signal(plan, *argv):
+    return run_train(*argv, observer=SendSignal(*plan))
+
+
+def test_spot_notice_checkpoints_at_an_agreed_step_and_resumes_bit_identically(ref2, tmp_path):
+    # SIGTERM to rank 1 only: the ranks agree at the next step, checkpoint it, and exit cleanly
+    part = launch(train_until_signal, (5, signal.SIGTERM, 1), *COMMON, "--ckpt-dir", tmp_path,
+                  num_processes=2, show_output=False)
+    assert [p["preempted_at"] for p in part] == [6, 6] and 6 in complete_steps(tmp_path)
+    rest, _ = run(2, *COMMON, "--ckpt-dir", tmp_path)
+    assert rest["start_step"] == 6 and not rest["resumed"]["resharded"]
+    assert loss_curve(part[0], rest) == loss_curve(ref2["result"]) and rest["checksum"] == ref2["result"]["checksum"]
+
+
+def test_sigkill_at_random_moments_then_resume_is_bit_identical(ref2, tmp_path):
+    rng = random.Random(22)
+    # (step after which to kill, rank killed, delay): mid-step at random moments, and once right after
+    # the async save of step 8 began, i.e. while its files are being written
+    plans = [(rng.choice([5, 6]), rng.randrange(2), rng.uniform(0.0, 0.05)), (7, rng.randrange(2), 0.0),
+             (rng.choice([9, 10]), rng.randrange(2), rng.uniform(0.0, 0.05))]
+    seen = []
+    for at, rank, delay in plans:
+        with pytest.raises(LaunchError, match="SIGKILL"):
+            launch(train_until_signal, (at, signal.SIGKILL, rank, delay), *COMMON, "--ckpt-dir", tmp_path,
+                   num_processes=2, show_output=False, timeout=240)
+        seen.append((complete_steps(tmp_path), sorted(p.name for p in tmp_path.glob("*.tmp"))))
+    # the kill during the save of step 8: step_8 stayed a .tmp folder, step 4 intact and complete
+    assert seen[1] == ([4], [step_dir(tmp_path, 8).name + ".tmp"])
+    newest = complete_steps(tmp_path)[-1]
+    done, _ = run(2, *COMMON, "--ckpt-dir", tmp_path)
+    assert done["resumed"]["step"] == newest and not list(tmp_path.glob("*.tmp"))  # stale .tmp cleaned up
+    assert done["checksum"] == ref2["result"]["checksum"]  # the same weights, bit for bit
+    assert loss_curve(done) == {s: v for s, v in loss_curve(ref2["result"]).items() if s >= done["start_step"]}
+
+
+@pytest.mark.slow
+def test_elastic_restart_recovers_from_a_crash_and_a_hang_by_itself(ref2, tmp_path):
+    # torchrun's agent (through accelerate launch --max_restarts 2): rank 1 raises at step 5 on attempt
+    # 0, goes silent at step 9 on attempt 1 (rank 0's all-gather times out after 5 s and raises)
+    run = launch_script("train.py", *COMMON, "--ckpt-every", 2, "--ckpt-dir", tmp_path, "--crash-at", 5,
+                        "--hang-at", 9, "--timeout", 5, num_processes=2, max_restarts=2, echo=False,
+                        show_command=False, timeout=300)
+    assert run.returncode == 0 and run.restarts == 2 and exit_codes(run.output) == [1, 1]
+    assert "injected crash on rank 1 at step 5" in run.output and "Timed out" in run.output
+    final = run.results[0]
+    assert final["restarts"] == 2 and final["start_step"] in (6, 8)  # step_8 unless its save was still in flight
+    assert final["checksum"] == ref2["result"]["checksum"]
+
+
+def test_throughput_and_peak_labels():
+    assert chip_for("NVIDIA H100 80GB HBM3") == "H100 SXM" and chip_for("NVIDIA H100 PCIe") is None
+    assert chip_for("NVIDIA A100-SXM4-80GB") == "A100 SXM 80GB" and chip_for("Tesla T4") is None
+    peak, source = device_peak(torch.device("cpu"), "fp32", matmul_n=64)
+    assert peak > 0 and source.startswith("no datasheet peak for this CPU: measured")
+    t = step_throughput(tokens=512, seconds=0.5, num_params=1000, world_size=2, peak_flops=1e9)
+    assert t["tokens_per_s"] == 1024 and t["mfu"] == pytest.approx(6 * 1000 * 1024 / 2e9)
+    with pytest.raises(ValueError, match="dtype"):
+        device_peak(torch.device("cpu"), "fp8")
+
+
+def test_warmup_cosine_schedule():
+    f = [lr_factor(s, warmup=4, total=12) for s in range(14)]
+    assert f[:4] == [0.25, 0.5, 0.75, 1.0] and f[12] == f[13] == pytest.approx(0.1)
+    assert all(a >= b for a, b in zip(f[3:], f[4:]))  # decays monotonically after the warmup
+    assert lr_factor(8, warmup=4, total=12, floor=0.0) == pytest.approx(0.5)  # half-way down the cosine
+    with pytest.raises(ValueError, match="warmup"):
+        lr_factor(0, warmup=13, total=12)
+    with pytest.raises(ValueError, match="floor"):
+        lr_factor(0, warmup=1, total=12, floor=1.5)
+
+
+def sharded_initial_weights():
+    with torch.device("meta"):
+        model = TinyGPT(TINY_GPT)
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    materialize(model, "cpu", seed=0)
+    assert model.head.weight is model.wte.weight  # still tied after to_empty
+    return {k: v.clone() for k, v in get_model_state_dict(model, options=StateDictOptions(full_state_dict=True)).items()}
+
+
+def test_meta_init_gives_every_world_size_the_same_weights():
+    with torch.device("meta"):
+        one = TinyGPT(TINY_GPT)
+    materialize(one, "cpu", seed=0)
+    three = launch(sharded_initial_weights, num_processes=3, show_output=False)[0]  # 64 rows → 22/22/20: uneven
+    assert three.keys() == one.state_dict().keys()
+    assert all(torch.equal(three[k], v) for k, v in one.state_dict().items())
+    with torch.device("meta"):
+        norm = torch.nn.BatchNorm1d(4)  # running statistics are buffers: to_empty leaves them garbage
+    with pytest.raises(ValueError, match="buffers"):
+        materialize(norm, "cpu")
+
+
+def test_the_gpu_config_starts_the_processes_and_leaves_the_rest_to_the_script(monkeypatch):
+    # what `accelerate launch --config_file fsdp_gpu.yaml train.py ...` resolves to (no processes started;
+    # test_elastic_restart... runs the script under accelerate launch for real)
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "1")
+    argv = ["--config_file", str(script_path("configs/fsdp_gpu.yaml")), str(script_path("train.py")), "--accum", "2"]
+    args, _, _ = _validate_launch_command(launch_command_parser().parse_args(argv))
+    assert args.multi_gpu and not args.use_fsdp and not args.use_deepspeed and args.num_processes == 8
+    assert args.mixed_precision == "no"  # precision is the script's --bf16, not a second autocast
+    flags = script_module().parse(args.training_script_args)
+    assert flags.parallel == "fsdp2" and flags.accum == 2 and flags.clip == 1.0  # accumulation, clipping: the script's
+    assert not script_path("configs/fsdp_gpu.yaml").with_name("deepspeed_gpu.yaml").exists()
