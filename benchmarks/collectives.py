@@ -7,7 +7,7 @@ Both implementations run in the same processes, alternating every round, so load
 processes on the machine hits both alike. Prints algorithm and bus bandwidth (nccl-tests
 definitions: busbw = algbw · 2(N-1)/N) and the ratio ours / backend. Target: >= 0.8.
 The ceiling: one thread's copy rate in the same ranks, all at once (lesson 01's
-`hardware.measure_copy_bandwidth` counts read + write, 2S/t; a copy of S bytes runs at half that, S/t).
+`hardware.copy_bandwidth` counts read + write, 2S/t; a copy of S bytes runs at half that, S/t).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from m11_helpers import comm_model as cm
 from m11_helpers.collectives import IMPLEMENTATIONS, ring_all_reduce, time_collective
-from m11_helpers.hardware import measure_copy_bandwidth
+from m11_helpers.hardware import copy_bandwidth
 from m11_helpers.launch import launch, launch_plan
 
 
@@ -36,7 +36,7 @@ def _bench(nbytes: int, rounds: int) -> dict:
         for name, op in IMPLEMENTATIONS.items():
             times[name] += time_collective(op, x, iters=1, warmup=0 if times[name] else 1)
     dist.barrier()
-    return {"times": times, "memcpy": measure_copy_bandwidth(nbytes / 1e6, repeats=5) / 2}  # S/t of one copy
+    return {"times": times, "memcpy": copy_bandwidth(nbytes, repeats=5) / 2}  # S/t of one copy
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,7 +5,8 @@
 
 Backs lesson 01's claims: on a CPU, bf16 is fast only where there is bf16 matrix hardware (AMX,
 AVX512-BF16): the "generic" column disables PyTorch's oneDNN path, which is what a CPU without that
-hardware runs. On a GPU: plain fp32 vs TF32 vs bf16 tensor cores. Also: copy bandwidth, and why one
+hardware runs. On a GPU: plain fp32 vs TF32 vs bf16 tensor cores. Also: copy bandwidth (bytes read +
+written per second, the course's convention: `hardware.copy_bandwidth`), and why one
 thread per process (a second OpenMP thread on a busy machine can be slower than one).
 Median of `--repeats` runs each (m11_helpers.timing); run on a quiet machine for stable figures. Not part of CI.
 """
@@ -16,7 +17,7 @@ import argparse
 
 import torch
 
-from m11_helpers.hardware import bf16_hardware, measure_copy_bandwidth, measure_matmul
+from m11_helpers.hardware import bf16_hardware, copy_bandwidth, measure_matmul
 
 
 def cpu_table(sizes: list[int], threads: list[int], repeats: int) -> None:
@@ -35,8 +36,8 @@ def cpu_table(sizes: list[int], threads: list[int], repeats: int) -> None:
                 torch.backends.mkldnn.enabled = True
             print(f"{t:>7} {n:>6} {fp32 / 1e9:>10.1f} {bf16 / 1e9:>10.1f} {generic / 1e9:>13.2f} "
                   f"{bf16 / fp32:>9.2f}× {fp32 / generic:>12.0f}×")
-        bw = measure_copy_bandwidth(256, repeats=repeats)
-        print(f"{t:>7} copy bandwidth (256 MB): {bw / 1e9:.1f} GB/s")
+        bw = copy_bandwidth(256 * 2**20, repeats=repeats)  # bytes read + written per second
+        print(f"{t:>7} copy bandwidth (256 MiB, read + write): {bw / 1e9:.1f} GB/s")
 
 
 def gpu_table(sizes: list[int], repeats: int) -> None:
@@ -51,7 +52,7 @@ def gpu_table(sizes: list[int], repeats: int) -> None:
         bf16 = measure_matmul(n, "bf16", "cuda", repeats)
         print(f"{n:>6} {fp32 / 1e12:>10.1f} {tf32 / 1e12:>10.1f} {bf16 / 1e12:>10.1f} "
               f"{bf16 / fp32:>9.1f}× {bf16 / tf32:>9.1f}×")
-    print(f"HBM copy bandwidth (1 GB): {measure_copy_bandwidth(1000, 'cuda', repeats) / 1e12:.2f} TB/s")
+    print(f"HBM copy bandwidth (1 GiB, read + write): {copy_bandwidth(2**30, 'cuda', repeats) / 1e12:.2f} TB/s")
 
 
 def main() -> None:

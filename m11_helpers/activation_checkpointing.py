@@ -1,83 +1,44 @@
 """Activation (gradient) checkpointing: keep segment boundaries, recompute the inside during backward.
 
-    loss = gpt_forward(model, idx, targets, policy="blocks")       # every block checkpointed
-    costs = measure_policies(model, idx, targets)                  # retained / peak bytes, time
-    activation_bytes_per_layer(2048, 1, 12288, 96)                 # Korthikanti et al. 2022, GPT-3
+    loss = gpt_forward(model, idx, targets, policy="blocks")                 # every block checkpointed
+    loss = gpt_forward(model, idx, targets, policy="first", checkpointed=3)  # only the first 3 blocks
+    loss = gpt_forward(model, idx, targets, policy="blocks", context_fn=...)  # PyTorch's selective AC
 
 Policies on the course's TinyGPT (`m11_helpers.models`), all with `torch.utils.checkpoint`
 (`use_reentrant=False`):
-  "none"       — autograd keeps every activation;
-  "blocks"     — each block is one checkpoint: only block inputs are kept (full recomputation);
-  "segments"   — `segments` runs of consecutive blocks, each one checkpoint (Chen et al. 2016, §3);
-  "sqrt"       — "segments" with round(√L) segments: memory O(√L) for one extra forward;
-  "attention"  — selective: only the core attention (scores, softmax, ·V) is recomputed
-                 (Korthikanti et al. 2022, §4.2).
-Lesson 08.
+  "none"        — autograd keeps every activation;
+  "blocks"      — each block is one checkpoint: only block inputs are kept (full recomputation);
+  "segments"    — `segments` runs of consecutive blocks, each one checkpoint (Chen et al. 2016, §3);
+  "sqrt"        — "segments" with round(√L) segments: memory O(√L) for one extra forward;
+  "first"/"last" — only the first (last) `checkpointed` blocks are checkpointed, one checkpoint each
+                  (Megatron-LM's --recompute-method block --recompute-num-layers N checkpoints the first N);
+  "attention"   — selective: only the core attention (scores, softmax, ·V) is recomputed
+                  (Korthikanti et al. 2022, §4.2).
+`context_fn` is handed to every checkpoint: `selective_checkpointing.sac_context` turns "blocks" into
+PyTorch's selective activation checkpointing. What each policy keeps is measured by
+`checkpoint_measure`; the bytes a model keeps are modelled by `m11_helpers.activations`. Lesson 08.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from m11_helpers.config import TransformerConfig
-from m11_helpers.memory import saved_activation_bytes
-from m11_helpers.timing import time_it
-from m11_helpers.validate import one_of, positive_int, positive_real
+from m11_helpers.validate import non_negative_int, non_negative_real, one_of, positive_int
 
-__all__ = ["POLICIES", "activation_bytes_per_layer", "model_activation_bytes", "sqrt_segments", "segment_bounds",
-           "chen_memory", "gpt_forward", "peak_activation_bytes", "measure_policies", "choose_policy"]
+__all__ = ["POLICIES", "sqrt_segments", "segment_bounds", "chen_memory", "partial_peak", "fewest_checkpointed",
+           "checkpointed_blocks", "gpt_forward", "core_attention"]
 
-POLICIES = ("none", "blocks", "segments", "sqrt", "attention")
-RECOMPUTE = ("none", "selective", "full")
+POLICIES = ("none", "blocks", "segments", "sqrt", "first", "last", "attention")
 
 # ---------------------------------------------------------------------------------------------
-# Formulas
+# Formulas: what a checkpointing plan keeps, in units of one block
 # ---------------------------------------------------------------------------------------------
-
-
-def activation_bytes_per_layer(seq_len: int, batch: int, hidden: int, heads: int, *, ffn_hidden: int | None = None,
-                               bytes_per_value: int = 2, dropout: bool = True, flash_attention: bool = False,
-                               recompute: str = "none") -> int:
-    """sbh(34 + 5as/h) bytes per transformer layer (Korthikanti et al. 2022, §4.1, eq. 1).
-
-    The defaults are the paper's assumptions: 16-bit activations, 1-byte dropout masks, a 4h GELU MLP,
-    no tensor/sequence parallelism. Generalised term by term (sbh·p × values + 1-byte masks):
-    attention keeps 5 (QKV input, Q, K, V, proj input) + an sbh mask; the MLP 1 + 2·ffn/h (+ mask);
-    two LayerNorm inputs; the score matrices as²b·p (softmax out) [+ as²b mask + as²b·p dropout out].
-    `flash_attention` drops the s² term (the scores are recomputed in backward, never stored).
-    recompute="selective": the s² term is recomputed (§4.2) → sbh·34; "full": only the layer input, 2sbh (§4.3).
-    """
-    for name, v in (("seq_len", seq_len), ("batch", batch), ("hidden", hidden), ("heads", heads),
-                    ("bytes_per_value", bytes_per_value)):
-        positive_int(name, v)
-    one_of("recompute", recompute, RECOMPUTE)
-    ffn = 4 * hidden if ffn_hidden is None else ffn_hidden
-    s, b, h, a, p = seq_len, batch, hidden, heads, bytes_per_value
-    if recompute == "full":
-        return p * s * b * h  # the layer's input, 2sbh at p = 2
-    mask = 1 if dropout else 0
-    attn_sbh = 5 * p + mask  # QKV input, Q, K, V, output-projection input; + the output dropout mask
-    mlp_sbh = p * (h + 2 * ffn) // h + mask  # fc input, GELU input, GELU output (= proj input); + mask
-    norm_sbh = 2 * p
-    total = s * b * h * (attn_sbh + mlp_sbh + norm_sbh)
-    if recompute == "none" and not flash_attention:
-        total += a * s * s * b * (p + (1 + p if dropout else 0))  # softmax out; dropout mask and output
-    return total
-
-
-def model_activation_bytes(cfg: TransformerConfig, batch: int, seq_len: int | None = None, *,
-                           recompute: str = "none", flash_attention: bool = False, bytes_per_value: int = 2,
-                           dropout: bool = False) -> int:
-    """L × activation_bytes_per_layer for a config (a GELU MLP of width cfg.ffn_hidden assumed)."""
-    s = cfg.seq_len if seq_len is None else seq_len
-    return cfg.layers * activation_bytes_per_layer(s, batch, cfg.hidden, cfg.heads, ffn_hidden=cfg.ffn_hidden,
-                                                   bytes_per_value=bytes_per_value, dropout=dropout,
-                                                   flash_attention=flash_attention, recompute=recompute)
 
 
 def sqrt_segments(layers: int) -> int:
@@ -88,7 +49,7 @@ def sqrt_segments(layers: int) -> int:
 
 def segment_bounds(layers: int, segments: int) -> list[tuple[int, int]]:
     """Split range(layers) into `segments` contiguous runs, sizes differing by at most one."""
-    if positive_int("segments", segments) > layers:
+    if positive_int("segments", segments) > positive_int("layers", layers):
         raise ValueError(f"segments must be an integer in 1..{layers}, got {segments!r}")
     q, r = divmod(layers, segments)
     out, start = [], 0
@@ -105,12 +66,61 @@ def chen_memory(layers: int, segments: int, boundary_bytes: float, block_bytes: 
     return segments * boundary_bytes + max(e - s for s, e in bounds) * block_bytes
 
 
+def partial_peak(layers: int, checkpointed: int, boundary_bytes: float, block_bytes: float, *,
+                 first: bool = True) -> float:
+    """Peak of n of L blocks checkpointed: max(n·b + (L−n)·B, (n−1)·b + B) for the first n, n·b + (L−n)·B + B − b
+    for the last n (b: a block's input, B: what an un-checkpointed block keeps, its input included).
+
+    Backward meets the last blocks first: if they are the checkpointed ones, one is rebuilt while every stored
+    block is still alive; if the first n are, the stored blocks are freed before any is rebuilt. Derived from
+    Chen et al. 2016, §3 (lesson 08, exercise 8.1; measured in tests/test_activation_checkpointing.py).
+    """
+    L = positive_int("layers", layers)
+    n = non_negative_int("checkpointed", checkpointed)
+    if n > L:
+        raise ValueError(f"checkpointed must be an integer in 0..{L}, got {n!r}")
+    b, B = non_negative_real("boundary_bytes", boundary_bytes), non_negative_real("block_bytes", block_bytes)
+    kept = n * b + (L - n) * B
+    if n == 0:
+        return kept
+    return max(kept, (n - 1) * b + B) if first else kept + B - b
+
+
+def fewest_checkpointed(layers: int, boundary_bytes: float, block_bytes: float, budget_bytes: float) -> int | None:
+    """The smallest n whose first-n plan peaks within the budget (`partial_peak` ≤ budget), None when none does."""
+    non_negative_real("budget_bytes", budget_bytes)
+    for n in range(positive_int("layers", layers) + 1):
+        if partial_peak(layers, n, boundary_bytes, block_bytes) <= budget_bytes:
+            return n
+    return None
+
+
+def checkpointed_blocks(layers: int, policy: str, *, segments: int | None = None,
+                        checkpointed: int | None = None) -> list[tuple[int, int, bool]]:
+    """The plan: (start, end, checkpointed?) runs of blocks that cover range(layers), in order."""
+    one_of("policy", policy, POLICIES)
+    L = positive_int("layers", layers)
+    if policy in ("none", "attention"):
+        return [(0, L, False)]
+    if policy in ("first", "last"):
+        if checkpointed is None or not 0 <= non_negative_int("checkpointed", checkpointed) <= L:
+            raise ValueError(f"checkpointed must be an integer in 0..{L} with policy={policy!r}, got {checkpointed!r}")
+        lo, hi = (0, checkpointed) if policy == "first" else (L - checkpointed, L)
+        plain = [(s, e, False) for s, e in ((0, lo), (hi, L)) if e > s]
+        return sorted(plain + [(i, i + 1, True) for i in range(lo, hi)])
+    if policy == "segments" and segments is None:
+        raise ValueError("segments must be given with policy='segments' (an integer in 1..layers)")
+    k = {"blocks": L, "sqrt": sqrt_segments(L)}.get(policy, segments)
+    return [(s, e, True) for s, e in segment_bounds(L, k)]  # every segment checkpointed, the last one too
+
+
 # ---------------------------------------------------------------------------------------------
 # Policies on the tiny GPT
 # ---------------------------------------------------------------------------------------------
 
 
-def _core_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, naive: bool) -> torch.Tensor:
+def core_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, naive: bool) -> torch.Tensor:
+    """softmax(q kᵀ/√d + causal mask) v: SDPA, or the textbook version that materialises the (T × T) scores."""
     if not naive:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hd)
     T = q.size(-2)
@@ -125,7 +135,7 @@ def _block_selective(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
     B, T, C = x.shape
     q, k, v = attn.qkv(block.ln_1(x)).split(C, dim=2)  # 3 × (B, T, C)
     q, k, v = (t.view(B, T, attn.heads, C // attn.heads).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hd)
-    y = checkpoint(_core_attention, q, k, v, attn.attention == "naive", use_reentrant=False)  # (B, nh, T, hd)
+    y = checkpoint(core_attention, q, k, v, attn.attention == "naive", use_reentrant=False)  # (B, nh, T, hd)
     x = x + attn.proj(y.transpose(1, 2).reshape(B, T, C))
     return x + block.mlp(block.ln_2(x))
 
@@ -137,76 +147,23 @@ def _run_blocks(blocks, x: torch.Tensor) -> torch.Tensor:
 
 
 def gpt_forward(model: nn.Module, idx: torch.Tensor, targets: torch.Tensor | None = None, *,
-                policy: str = "none", segments: int | None = None):
+                policy: str = "none", segments: int | None = None, checkpointed: int | None = None,
+                context_fn: Callable | None = None):
     """TinyGPT's forward (same numbers as `model(idx, targets)`) with a checkpointing policy applied."""
-    one_of("policy", policy, POLICIES)
     blocks = list(model.blocks)
+    plan = checkpointed_blocks(len(blocks), policy, segments=segments, checkpointed=checkpointed)
+    extra = {} if context_fn is None else {"context_fn": context_fn}
     B, T = idx.shape
     x = model.wte(idx) + model.wpe(torch.arange(T, device=idx.device))  # (B, T, C)
-    if policy == "none":
-        x = _run_blocks(blocks, x)
-    elif policy == "attention":
+    if policy == "attention":
         for block in blocks:
             x = _block_selective(block, x)
-    else:
-        k = {"blocks": len(blocks), "sqrt": sqrt_segments(len(blocks))}.get(policy, segments)
-        if policy == "segments" and segments is None:
-            raise ValueError("segments must be given with policy='segments'")
-        for s, e in segment_bounds(len(blocks), k):  # every segment checkpointed, the last one too
-            x = checkpoint(_run_blocks, blocks[s:e], x, use_reentrant=False)  # keeps only x: (B, T, C)
+    for s, e, ckpt in ([] if policy == "attention" else plan):
+        if ckpt:
+            x = checkpoint(_run_blocks, blocks[s:e], x, use_reentrant=False, **extra)  # keeps only x: (B, T, C)
+        else:
+            x = _run_blocks(blocks[s:e], x)  # (B, T, C), every activation kept
     logits = model.head(model.ln_f(x))  # (B, T, vocab)
     if targets is None:
         return logits
     return F.cross_entropy(logits.view(B * T, -1), targets.view(B * T))
-
-
-def peak_activation_bytes(model: nn.Module, idx: torch.Tensor, targets: torch.Tensor, *, policy: str = "none",
-                          segments: int | None = None) -> dict:
-    """Activation bytes for one policy: retained after forward, and the peak while backward recomputes.
-
-    retained: measured exactly (saved tensors, deduplicated, parameters excluded). recompute: the
-    largest unit backward re-runs (a segment of blocks, or one core attention), measured the same way
-    with its input excluded (it is already among the retained). peak = retained + recompute.
-    """
-    retained = saved_activation_bytes(lambda: gpt_forward(model, idx, targets, policy=policy, segments=segments),
-                                      exclude=[model])
-    blocks = list(model.blocks)
-    with torch.no_grad():
-        x = model.wte(idx) + model.wpe(torch.arange(idx.shape[1], device=idx.device))  # (B, T, C)
-    x.requires_grad_(True)
-    if policy == "none":
-        recompute = 0
-    elif policy == "attention":
-        attn, (B, T, C) = blocks[0].attn, x.shape
-        q = torch.randn(B, attn.heads, T, C // attn.heads, requires_grad=True)  # (B, nh, T, hd)
-        recompute = saved_activation_bytes(_core_attention, q, q.clone(), q.clone(), attn.attention == "naive",
-                                           exclude=[q])
-        recompute -= 2 * q.untyped_storage().nbytes()  # k and v clones are inputs, kept anyway
-    else:
-        k = {"blocks": len(blocks), "sqrt": sqrt_segments(len(blocks))}.get(policy, segments)
-        longest = max(e - s for s, e in segment_bounds(len(blocks), k))
-        recompute = saved_activation_bytes(_run_blocks, blocks[:longest], x, exclude=[model, x])
-    return {"policy": policy, "segments": segments, "retained": retained, "recompute": recompute,
-            "peak": retained + recompute}
-
-
-def measure_policies(model: nn.Module, idx: torch.Tensor, targets: torch.Tensor, policies=None,
-                     repeats: int = 5) -> list[dict]:
-    """peak_activation_bytes + forward+backward seconds (median of `repeats`, after one warm-up) for each
-    (policy, segments) pair."""
-    policies = policies or [("none", None), ("blocks", None), ("sqrt", None), ("attention", None)]
-    out = []
-    for policy, segments in policies:
-        row = peak_activation_bytes(model, idx, targets, policy=policy, segments=segments)
-        step = lambda: gpt_forward(model, idx, targets, policy=policy, segments=segments).backward()
-        row["seconds"] = time_it(step, repeats=repeats, warmup=1).median
-        model.zero_grad(set_to_none=True)
-        out.append(row)
-    return out
-
-
-def choose_policy(rows: list[dict], budget_bytes: float) -> dict | None:
-    """The fastest row whose peak fits the budget (ties: less memory); None when nothing fits."""
-    positive_real("budget_bytes", budget_bytes)
-    fits = [r for r in rows if r["peak"] <= budget_bytes]
-    return min(fits, key=lambda r: (r.get("seconds", 0.0), r["peak"])) if fits else None

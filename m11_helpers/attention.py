@@ -10,12 +10,14 @@ Shapes: q, k, v are (B, H, T, D). Sources: Dao et al., "FlashAttention: Fast and
 Exact Attention with IO-Awareness", NeurIPS 2022 (arXiv:2205.14135) — Algorithm 0 (standard),
 Algorithm 1 (forward), Theorem 2 (HBM accesses); Dao, "FlashAttention-2", 2023 (arXiv:2307.08691) —
 the backward pass with the log-sum-exp. Online softmax: Milakov & Gimelshein 2018 (arXiv:1805.02867).
-Memory is measured with lesson 08's `m11_helpers.memory.saved_activation_bytes`.
+Memory is measured with the kit's `m11_helpers.memory.saved_activation_bytes` (lesson 08 teaches it);
+`trace_dispatch` watches which ATen ops a call runs and the largest tensor it builds (exercise 9.2's check).
 """
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 
@@ -24,7 +26,8 @@ from m11_helpers.validate import positive_int, positive_real
 
 __all__ = ["naive_attention", "online_softmax_update", "tiled_attention", "flash_attention",
            "attention_matrix_bytes", "max_seq_len_for_budget", "qkvo_bytes", "standard_hbm_elements",
-           "flash_hbm_elements", "flash_block_sizes", "saved_bytes_by_method", "largest_intermediate"]
+           "flash_hbm_elements", "flash_block_sizes", "saved_bytes_by_method", "largest_intermediate",
+           "DispatchTrace", "trace_dispatch"]
 
 
 def _check_qkv(q, k, v, block_q=1, block_k=1):
@@ -192,17 +195,20 @@ def flash_block_sizes(d: int, M: int) -> tuple[int, int]:
 
 
 def flash_hbm_elements(N: int, d: int, M: int) -> int:
-    """Elements read/written by Algorithm 1 (Dao et al. 2022), ≈ 2Nd + T_c·(3Nd + 4N) = Θ(N²d²/M) (Theorem 2).
+    """Elements read/written by Algorithm 1 (Dao et al. 2022): 3Nd + 2N + T_c·(3Nd + 4N) = Θ(N²d²/M) (Theorem 2).
 
-    Outer loop over T_c = ⌈N/B_c⌉ blocks of K, V (each read once: 2Nd in all); inner loop over the
-    T_r = ⌈N/B_r⌉ query blocks, each reading Q_i, O_i, ℓ_i, m_i and writing O_i, ℓ_i, m_i.
+    Line 2 initialises O, ℓ, m in HBM (Nd + 2N written); the outer loop reads each of the T_c = ⌈N/B_c⌉
+    blocks of K, V once (2Nd in all); per outer step the inner loop over the query blocks reads Q_i,
+    O_i, ℓ_i, m_i and writes O_i, ℓ_i, m_i (3Nd + 4N over all of them). The proof of Theorem 2
+    (Appendix C) counts the dominant part, Θ(Nd + T_c·Nd).
     """
     for name, x in (("N", N), ("d", d), ("M", M)):
         positive_real(name, x)
     _, bc = flash_block_sizes(d, M)
     tc = math.ceil(N / bc)
-    per_pass = N * d + N * d + 2 * N + N * d + 2 * N  # read Q, O, ℓ, m; write O, ℓ, m — over all T_r blocks
-    return 2 * N * d + tc * per_pass
+    init = N * d + 2 * N  # line 2: O = 0, ℓ = 0, m = -inf written to HBM
+    per_pass = 3 * N * d + 4 * N  # read Q, O, ℓ, m; write O, ℓ, m — over all T_r query blocks
+    return init + 2 * N * d + tc * per_pass
 
 
 def saved_bytes_by_method(seq_len: int, batch: int = 1, heads: int = 4, head_dim: int = 16,
@@ -225,22 +231,43 @@ def saved_bytes_by_method(seq_len: int, batch: int = 1, heads: int = 4, head_dim
     }
 
 
-def largest_intermediate(fn, *inputs, **kwargs) -> tuple[int, tuple]:
-    """(numel, shape) of the largest tensor any op inside fn(*inputs) produced: did it build the s×s matrix?"""
+class DispatchTrace(NamedTuple):
+    """What one call did, seen op by op: its result, its largest tensor and the ATen ops it ran."""
+
+    out: object
+    largest_numel: int
+    largest_shape: tuple
+    ops: frozenset  # ATen op names, e.g. "mm", "_scaled_dot_product_flash_attention_for_cpu"
+
+
+def trace_dispatch(fn, *inputs, **kwargs) -> DispatchTrace:
+    """Run fn(*inputs, **kwargs) under no_grad and watch every ATen op it dispatches (a TorchDispatchMode).
+
+    A mode sees the ops however they were reached — `F.scaled_dot_product_attention`,
+    `torch.ops.aten...`, `nn.MultiheadAttention` — so a check can tell which kernels ran and whether
+    an (s × s) matrix was ever built, not only what came out.
+    """
     from torch.utils._python_dispatch import TorchDispatchMode
 
     if not callable(fn):
         raise ValueError(f"fn must be callable, got {type(fn).__name__}")
-    best = [0, ()]
+    best, ops = [0, ()], set()
 
-    class _Largest(TorchDispatchMode):
+    class _Watch(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kw=None):
             out = func(*args, **(kw or {}))
+            ops.add(func.__name__.split(".")[0])  # "mm.default" -> "mm"
             for t in torch.utils._pytree.tree_leaves(out):
                 if isinstance(t, torch.Tensor) and t.numel() > best[0]:
                     best[:] = [t.numel(), tuple(t.shape)]
             return out
 
-    with torch.no_grad(), _Largest():
-        fn(*inputs, **kwargs)
-    return best[0], best[1]
+    with torch.no_grad(), _Watch():
+        out = fn(*inputs, **kwargs)
+    return DispatchTrace(out, best[0], best[1], frozenset(ops))
+
+
+def largest_intermediate(fn, *inputs, **kwargs) -> tuple[int, tuple]:
+    """(numel, shape) of the largest tensor any op inside fn(*inputs) produced: did it build the s×s matrix?"""
+    t = trace_dispatch(fn, *inputs, **kwargs)
+    return t.largest_numel, t.largest_shape

@@ -3,24 +3,26 @@
     young_interval(120, 3 * 3600) / 60         # 26.8 min  (Young 1974)
     daly_interval(120, 3 * 3600) / 60          # 25.5 min  (Daly 2006, higher order)
     simulate_wall_time(10 * 3600, 26.8 * 60, 120, 3 * 3600, trials=2000)   # Monte Carlo check
-    spot_cost(100, 32.77, discount=0.7, preemptions_per_hour=0.1, checkpoint_seconds=120)
-    print(slurm_script("train.py", nodes=2, gpus_per_node=8))
+    best_checkpoint_count(8 * 3600, 120, 3 * 3600)                         # 18 (W/τ_Young = 17.9 segments)
+    spot_cost(100, PRICES["p4d.24xlarge"].usd_per_hour, discount=0.7, preemptions_per_hour=0.1)
 
 All times in seconds. Failures (preemptions) are modelled as a Poisson process with mean time
-between them M (exponential inter-arrival times), as in both papers. Lesson 10.
+between them M (exponential inter-arrival times), as in both papers. Lesson 10. The launch
+commands (multi-node, SLURM, SageMaker) are in `m11_helpers.cloud_launch`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-import shlex
 
 import numpy as np
 
-from m11_helpers.validate import non_negative_real, positive_int, positive_real
+from m11_helpers.validate import fraction, non_negative_int, non_negative_real, positive_int, positive_real
 
 __all__ = ["young_interval", "daly_interval", "expected_wall_time", "simulate_wall_time", "wasted_fraction_curve",
-           "spot_cost", "multinode_commands", "slurm_script", "sagemaker_estimator"]
+           "segment_time", "wall_time_with_checkpoints", "best_checkpoint_count", "Price", "PRICES",
+           "PRICE_CUT_2025", "failures_per_hour", "spot_cost"]
 
 
 def young_interval(checkpoint_seconds: float, mtbf_seconds: float) -> float:
@@ -95,105 +97,124 @@ def wasted_fraction_curve(intervals_seconds, work_seconds: float, checkpoint_sec
     return np.array(sim), np.array(model)
 
 
+def segment_time(length_seconds: float, mtbf_seconds: float, restart_seconds: float = 0.0) -> float:
+    """E(L) = M e^{R/M} (e^{L/M} − 1): expected time to get L seconds through uninterrupted (Daly 2006, §3).
+
+    Each failure costs the work since the segment began plus a restart R; inf when it overflows.
+    """
+    m = positive_real("mtbf_seconds", mtbf_seconds)
+    length = non_negative_real("length_seconds", length_seconds)
+    r = non_negative_real("restart_seconds", restart_seconds)
+    try:
+        return m * math.exp(r / m) * math.expm1(length / m)
+    except OverflowError:
+        return math.inf
+
+
+def wall_time_with_checkpoints(work_seconds: float, count: int, checkpoint_seconds: float, mtbf_seconds: float,
+                               restart_seconds: float = 0.0) -> float:
+    """T(n) = n·E(W/(n+1) + δ) + E(W/(n+1)): n checkpoints between n+1 equal segments, none after the last.
+
+    The exact expectation of what `simulate_wall_time` simulates with τ = W/(n+1) (E from `segment_time`).
+    """
+    w = positive_real("work_seconds", work_seconds)
+    n = non_negative_int("count", count)
+    d = positive_real("checkpoint_seconds", checkpoint_seconds)
+    tau = w / (n + 1)
+    return n * segment_time(tau + d, mtbf_seconds, restart_seconds) + segment_time(tau, mtbf_seconds, restart_seconds)
+
+
+def best_checkpoint_count(work_seconds: float, checkpoint_seconds: float, mtbf_seconds: float,
+                          restart_seconds: float = 0.0) -> int:
+    """argmin over n ≥ 0 of `wall_time_with_checkpoints`: the whole number of checkpoints for a job of known length.
+
+    Young's τ is a continuous first-order optimum; W/τ rounded can miss the best count when δ/M is not small.
+    """
+    w, d = positive_real("work_seconds", work_seconds), positive_real("checkpoint_seconds", checkpoint_seconds)
+    m = positive_real("mtbf_seconds", mtbf_seconds)
+    guess = w / min(young_interval(d, m), daly_interval(d, m) + d)  # segments near the optimum
+    candidates = range(0, int(4 * guess) + 4)  # T(n) is unimodal; the optimum is well inside this range
+    return min(candidates, key=lambda n: (wall_time_with_checkpoints(w, n, d, m, restart_seconds), n))
+
+
+# ---------------------------------------------------------------------------------------------
+# What capacity costs: prices with their date and source, failure rates, spot vs on-demand
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Price:
+    """One list price, with where and when it held: prices move, the date is part of the figure."""
+
+    instance: str
+    accelerators: str
+    usd_per_hour: float
+    terms: str
+    valid: str
+    source: str
+
+
+PRICES = {
+    "p4d.24xlarge": Price("p4d.24xlarge", "8 × A100 40 GB", 32.77, "On-Demand, Linux, us-east-1",
+                          "from launch (Nov 2020) until the June 2025 cut", "aws.amazon.com/ec2/instance-types/p4/"),
+    "p5.48xlarge": Price("p5.48xlarge", "8 × H100 80 GB", 98.32, "On-Demand, Linux, us-east-1",
+                         "from launch (Jul 2023) until the June 2025 cut", "aws.amazon.com/ec2/instance-types/p5/"),
+}
+# AWS What's New, June 2025, "Announcing up to 45% price reduction for Amazon EC2 NVIDIA GPU-accelerated
+# instances": On-Demand and Savings Plans prices of P4 (P4d, P4de) and P5 (P5, P5en) down by up to 45 %.
+PRICE_CUT_2025 = {"when": "June 2025", "up_to": 0.45, "instances": "P4d, P4de, P5, P5en",
+                  "terms": "On-Demand and Savings Plans",
+                  "source": "AWS What's New, June 2025: 'Announcing up to 45% price reduction for Amazon EC2 "
+                            "NVIDIA GPU-accelerated instances'"}
+
+# Llama 3 (Dubey et al. 2024, §3.3.4, Table 5): 419 unexpected interruptions in a 54-day snapshot on up to
+# 16,384 H100 GPUs (466 in all; 47 were planned maintenance).
+LLAMA3_UNEXPECTED, LLAMA3_DAYS, LLAMA3_GPUS = 419, 54, 16_384
+
+
+def failures_per_hour(gpus: int) -> float:
+    """λ = gpus · 419 / (54 · 24 h · 16,384): unexpected interruptions per hour at Llama 3's rate (§3.3.4)."""
+    return positive_int("gpus", gpus) * LLAMA3_UNEXPECTED / (LLAMA3_DAYS * 24 * LLAMA3_GPUS)
+
+
+def _run(work: float, rate_per_hour: float, d: float, restart: float, interval: float | None):
+    """(interval τ or None, expected wall seconds) for `work` seconds at `rate_per_hour` failures, at Young's τ."""
+    if rate_per_hour == 0:
+        if interval is None:  # nothing ever fails: no checkpoint is worth writing
+            return None, work
+        return interval, work + d * (math.ceil(work / interval) - 1)
+    m = 3600 / rate_per_hour
+    tau = interval or young_interval(d, m)
+    return tau, expected_wall_time(work, tau, d, m, restart)
+
+
 def spot_cost(work_hours: float, on_demand_per_hour: float, discount: float = 0.7,
               preemptions_per_hour: float = 0.1, checkpoint_seconds: float = 120.0,
-              restart_seconds: float = 300.0, interval_seconds: float | None = None) -> dict:
-    """Expected time and cost of `work_hours` of compute on spot vs on-demand.
+              restart_seconds: float = 300.0, interval_seconds: float | None = None,
+              failures_per_hour: float = 0.0) -> dict:
+    """Expected time and cost of `work_hours` of compute on spot vs on-demand, each checkpointing at ITS OWN interval.
 
-    Spot price = on_demand · (1 − discount); wall time from Daly's model with M = 1/rate and the
-    checkpoint interval at Young's τ unless given; on-demand is assumed never preempted but still
-    checkpoints at the same interval (a crash is still possible). Returns a dict of hours and dollars.
+    Spot: price on_demand·(1 − discount), interrupted at preemptions + failures per hour, checkpoints at
+    Young's τ for that rate (or `interval_seconds`). On-demand: never preempted, interrupted only by the
+    hardware `failures_per_hour` (e.g. `failures_per_hour(gpus)`), so it checkpoints at Young's τ for
+    that rate — not at spot's — and not at all when the rate is 0. Wall times from Daly's model
+    (`expected_wall_time`). Returns hours, dollars, both intervals (minutes; None: no checkpoints).
     """
     w = positive_real("work_hours", work_hours) * 3600
     price = positive_real("on_demand_per_hour", on_demand_per_hour)
-    if not 0 <= discount < 1:
-        raise ValueError(f"discount must be in [0, 1), got {discount!r}")
-    non_negative_real("preemptions_per_hour", preemptions_per_hour)
+    if fraction("discount", discount, allow_zero=True) == 1:  # free capacity: no cost to compare
+        raise ValueError(f"discount must be a number in [0, 1), got {discount!r}")
+    lam = non_negative_real("preemptions_per_hour", preemptions_per_hour)
+    hw = non_negative_real("failures_per_hour", failures_per_hour)
     d = positive_real("checkpoint_seconds", checkpoint_seconds)
-    if preemptions_per_hour == 0:
-        tau = interval_seconds or w
-        spot_wall = w + d * (math.ceil(w / tau) - 1)
-    else:
-        m = 3600 / preemptions_per_hour
-        tau = interval_seconds or young_interval(d, m)
-        spot_wall = expected_wall_time(w, tau, d, m, restart_seconds)
-    od_wall = w + d * (math.ceil(w / tau) - 1)
+    r = non_negative_real("restart_seconds", restart_seconds)
+    if interval_seconds is not None:
+        positive_real("interval_seconds", interval_seconds)
+    spot_tau, spot_wall = _run(w, lam + hw, d, r, interval_seconds)
+    od_tau, od_wall = _run(w, hw, d, r, None)
     spot_price = price * (1 - discount)
-    return {"interval_minutes": tau / 60, "on_demand_hours": od_wall / 3600, "spot_hours": spot_wall / 3600,
+    return {"interval_minutes": None if spot_tau is None else spot_tau / 60,
+            "on_demand_interval_minutes": None if od_tau is None else od_tau / 60,
+            "on_demand_hours": od_wall / 3600, "spot_hours": spot_wall / 3600,
             "on_demand_cost": od_wall / 3600 * price, "spot_cost": spot_wall / 3600 * spot_price,
             "saving": 1 - (spot_wall * spot_price) / (od_wall * price), "slowdown": spot_wall / od_wall}
-
-
-# ---------------------------------------------------------------------------------------------
-# The same script beyond one machine: launch commands
-# ---------------------------------------------------------------------------------------------
-
-
-def multinode_commands(script: str, *args: str, num_machines: int = 2, processes_per_machine: int = 8,
-                       main_process_ip: str = "10.0.0.1", main_process_port: int = 29500,
-                       cpu: bool = False) -> list[str]:
-    """One `accelerate launch` line per machine (run the k-th on machine k); --num_processes is the TOTAL."""
-    positive_int("num_machines", num_machines)
-    positive_int("processes_per_machine", processes_per_machine)
-    lines = []
-    for k in range(num_machines):
-        cmd = ["accelerate", "launch", "--multi_gpu", "--num_processes", str(num_machines * processes_per_machine),
-               "--num_machines", str(num_machines), "--machine_rank", str(k),
-               "--main_process_ip", main_process_ip, "--main_process_port", str(main_process_port), script, *args]
-        lines.append(("ACCELERATE_USE_CPU=1 " if cpu else "") + shlex.join(cmd))
-    return lines
-
-
-def slurm_script(script: str, *args: str, nodes: int = 2, gpus_per_node: int = 8, hours: int = 24,
-                 job_name: str = "train", signal_seconds: int = 120) -> str:
-    """An sbatch script: one `accelerate launch` per node via srun; SIGTERM `signal_seconds` before the time limit."""
-    for name, v in (("nodes", nodes), ("gpus_per_node", gpus_per_node), ("hours", hours)):
-        positive_int(name, v)
-    rest = shlex.join([script, *args])
-    return f"""#!/bin/bash
-#SBATCH --job-name={job_name}
-#SBATCH --nodes={nodes}
-#SBATCH --ntasks-per-node=1          # one launcher per node; it starts {gpus_per_node} ranks
-#SBATCH --gpus-per-node={gpus_per_node}
-#SBATCH --time={hours}:00:00
-#SBATCH --signal=TERM@{signal_seconds}          # SIGTERM {signal_seconds} s before the limit: our checkpoint path
-#SBATCH --requeue                    # a preempted job goes back in the queue and resumes
-export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
-export MASTER_PORT=29500
-srun --kill-on-bad-exit=1 bash -c 'accelerate launch --multi_gpu \\
-  --num_processes $(( SLURM_NNODES * {gpus_per_node} )) --num_machines $SLURM_NNODES \\
-  --machine_rank $SLURM_NODEID --main_process_ip $MASTER_ADDR --main_process_port $MASTER_PORT \\
-  {rest} --resume'
-"""
-
-
-def sagemaker_estimator(entry_point: str = "train_spot.py", instance_type: str = "ml.p4d.24xlarge",
-                        instance_count: int = 2, max_run_hours: int = 24, max_wait_hours: int = 48,
-                        bucket: str = "s3://my-bucket/run1") -> str:
-    """Python source of a SageMaker PyTorch estimator with managed spot training and an S3 checkpoint URI.
-
-    SageMaker syncs /opt/ml/checkpoints <-> checkpoint_s3_uri and restarts an interrupted spot job;
-    max_wait >= max_run is required with spot.
-    """
-    if max_wait_hours < max_run_hours:
-        raise ValueError(f"max_wait_hours must be >= max_run_hours ({max_run_hours}), got {max_wait_hours}")
-    positive_int("instance_count", instance_count)
-    return f"""from sagemaker.pytorch import PyTorch
-
-estimator = PyTorch(
-    entry_point="{entry_point}",
-    source_dir=".",
-    role=role,                                   # your SageMaker execution role
-    framework_version="2.3", py_version="py311",
-    instance_type="{instance_type}",
-    instance_count={instance_count},
-    distribution={{"torch_distributed": {{"enabled": True}}}},   # torchrun on every instance
-    use_spot_instances=True,                     # managed spot training
-    max_run={max_run_hours * 3600},                            # seconds of training
-    max_wait={max_wait_hours * 3600},                           # seconds including waiting for spot capacity
-    checkpoint_s3_uri="{bucket}/checkpoints",     # synced with /opt/ml/checkpoints
-    checkpoint_local_path="/opt/ml/checkpoints",
-    hyperparameters={{"ckpt-dir": "/opt/ml/checkpoints", "resume": ""}},
-)
-estimator.fit("{bucket}/data")
-"""

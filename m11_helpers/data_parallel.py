@@ -112,8 +112,7 @@ def pack_buckets(nbytes: list[int], bucket_cap_mb: float | None = None, *,
     Source: torch/csrc/distributed/c10d/reducer.cpp, compute_bucket_assignment_by_size and
     Reducer::rebuild_buckets (torch 2.13). DDP buckets each dtype and device separately: one here.
     """
-    if any(b < 0 for b in nbytes):
-        raise ValueError("nbytes must be non-negative sizes in bytes")
+    nbytes = [non_negative_int(f"nbytes[{i}]", b) for i, b in enumerate(nbytes)]
     order = list(reversed(range(len(nbytes)))) if order is None else list(order)
     if sorted(order) != list(range(len(nbytes))):
         raise ValueError(f"order must be a permutation of 0..{len(nbytes) - 1}")

@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from m11_helpers.validate import non_negative_int, positive_int
 
-__all__ = ["PreemptionNotice", "atomic_save", "naive_save", "load_checkpoint", "latest_checkpoint",
+__all__ = ["PreemptionNotice", "fsync_dir", "atomic_save", "naive_save", "load_checkpoint", "latest_checkpoint",
            "rng_state", "set_rng_state", "gather_rng_states", "batch_indices", "state_checksum"]
 
 
@@ -50,16 +50,21 @@ class PreemptionNotice:
         self.received = True
         self.signum = signum
 
-    def agreed(self) -> bool:
-        """True on every rank if ANY rank got the notice (one all_reduce(MAX) of a scalar)."""
-        flag = torch.tensor([1.0 if self.received else 0.0])  # (1,)
+    def agreed(self, device: torch.device | str | None = None, group=None) -> bool:
+        """True on every rank if ANY rank got the notice (one all_reduce(MAX) of a scalar).
+
+        `device`: where the flag lives; the training device on GPUs (an NCCL-only group cannot reduce a
+        CPU tensor), None or "cpu" under gloo. `group`: the process group (None: the default one).
+        """
+        flag = torch.tensor([1.0 if self.received else 0.0], device=device)  # (1,)
         if dist.is_available() and dist.is_initialized():
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
         return bool(flag.item())
 
 
-def _fsync_dir(folder: Path) -> None:
-    # The rename itself lives in the directory entry: fsync the directory so it survives a power cut.
+def fsync_dir(folder: str | os.PathLike) -> None:
+    """fsync a directory, so a rename inside it survives a power cut (best effort: some filesystems refuse)."""
+    # The rename itself lives in the directory entry, not in the file: flushing the file is not enough.
     try:
         fd = os.open(folder, os.O_RDONLY)
     except OSError:
@@ -70,6 +75,9 @@ def _fsync_dir(folder: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+_fsync_dir = fsync_dir  # the name sharded_checkpoint.py imports
 
 
 def atomic_save(obj: Any, path: str | os.PathLike) -> Path:
@@ -89,7 +97,7 @@ def atomic_save(obj: Any, path: str | os.PathLike) -> Path:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
     return path
 
 

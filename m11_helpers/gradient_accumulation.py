@@ -7,12 +7,12 @@ Lesson 07. `train_with_accumulation` (the loop done right: the last, short windo
 is averaged over its own size), `token_weighted_losses` (variable lengths: normalise by the window's
 token count, not per micro-batch), `ddp_accumulation_run` / `accelerate_accumulation_run` (inside a
 launched rank: DDP with `no_sync`, or `accelerator.accumulate`, counting all-reduces with a
-communication hook).
+communication hook); `no_sync_step_times` (one optimizer step timed with and without `no_sync`, through
+`m11_helpers.timing.time_it`: benchmarks/accumulation.py prints the ratios).
 """
 
 from __future__ import annotations
 
-import time
 from typing import Callable, Iterable, Sequence
 
 import torch
@@ -24,7 +24,8 @@ from torch import nn
 from m11_helpers.validate import positive_int
 
 __all__ = ["global_batch", "accumulation_steps_for", "accumulation_windows", "train_with_accumulation",
-           "token_weighted_losses", "count_allreduces", "ddp_accumulation_run", "accelerate_accumulation_run"]
+           "token_weighted_losses", "count_allreduces", "ddp_accumulation_run", "accelerate_accumulation_run",
+           "no_sync_step_times"]
 
 
 def global_batch(micro_batch: int, accumulation_steps: int, world_size: int = 1) -> int:
@@ -136,7 +137,6 @@ def ddp_accumulation_run(accumulation_steps: int, steps: int = 2, micro_batch: i
     counter = count_allreduces(model)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     batches = _rank_batches(steps, accumulation_steps, micro_batch, seed)
-    t0 = time.perf_counter()
     for step in range(steps):
         for k in range(accumulation_steps):
             x, y = batches[step * accumulation_steps + k]
@@ -146,10 +146,9 @@ def ddp_accumulation_run(accumulation_steps: int, steps: int = 2, micro_batch: i
                 (F.mse_loss(model(x), y) / accumulation_steps).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-    seconds = time.perf_counter() - t0
     params = [p.detach().clone() for p in model.module.parameters()]
     del model  # a live DDP model at interpreter exit can abort the process (docs/cpu-distributed-facts.md)
-    return {"allreduces": counter[0], "params": params, "seconds": seconds}
+    return {"allreduces": counter[0], "params": params}
 
 
 def accelerate_accumulation_run(accumulation_steps: int, steps: int = 2, micro_batch: int = 4, seed: int = 0,
@@ -172,6 +171,32 @@ def accelerate_accumulation_run(accumulation_steps: int, steps: int = 2, micro_b
     params = [p.detach().clone() for p in acc.unwrap_model(model).parameters()]
     out = {"allreduces": counter[0], "params": params, "distributed_type": str(acc.distributed_type)}
     del model, acc
+    return out
+
+
+def no_sync_step_times(accumulation_steps: int, repeats: int = 5, micro_batch: int = 4, seed: int = 0) -> dict:
+    """On a launched rank: median seconds of one optimizer step of K micro-batches, with and without no_sync."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from m11_helpers.models import mlp
+    from m11_helpers.timing import time_it
+
+    positive_int("accumulation_steps", accumulation_steps)
+    model = DDP(mlp(seed=seed), bucket_cap_mb=1000)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    batches = _rank_batches(1, accumulation_steps, micro_batch, seed)
+
+    def step(ddp: DDP, no_sync: bool) -> None:
+        for k, (x, y) in enumerate(batches):
+            skip = no_sync and k < accumulation_steps - 1
+            with ddp.no_sync() if skip else _nullcontext():
+                (F.mse_loss(ddp(x), y) / accumulation_steps).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    out = {name: time_it(lambda ns=ns, m=model: step(m, ns), repeats=repeats).median  # ranks call in lock-step
+           for name, ns in (("no_sync", True), ("every micro-batch", False))}
+    del model
     return out
 
 

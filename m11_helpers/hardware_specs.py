@@ -2,18 +2,27 @@
 
 Every figure is the vendor's *dense* peak (no 2:4 structured sparsity). Where a datasheet prints only
 the sparse figure (NVIDIA marks these "with sparsity"), the row stores half of it and says so in its
-`note`. GB and TB are decimal (1e9, 1e12 bytes), as the datasheets print them. "fp32" is the plain
-(non-tensor-core) FP32 rate; "tf32" is FP32 inputs rounded to TF32 on the tensor cores.
-Interconnect bandwidths are per chip, both directions added (NVIDIA's convention for NVLink).
+`note`. "fp32" is the plain (non-tensor-core) FP32 rate; "tf32" is FP32 inputs rounded to TF32 on the
+tensor cores. Interconnect bandwidths are per chip, both directions added (NVIDIA's convention for NVLink).
+
+Units. Rates are decimal: TB/s = 1e12 bytes/s, TFLOP/s = 1e12 FLOP/s, as the datasheets mean them.
+**HBM capacity is binary**: HBM stacks are built from power-of-two DRAM dies, so the "80 GB" of an
+A100/H100 is 80 GiB = 85,899,345,920 bytes (the driver reports slightly less as usable). Datasheets
+print "GB" for it all the same (NVIDIA, AMD, Intel, Google's TPU docs: "16 GB", "95 GB"); AWS's Neuron
+docs print GiB. Every row stores capacity in bytes (`Chip.memory_bytes`, an int); `memory_gb` is that
+in 1e9 bytes (85.9 for an "80 GB" part), `memory_gib` in 2^30 bytes (80.0), `memory_text` both. Reading
+"80 GB" as 80e9 bytes makes every fit/no-fit call ~7 % too tight (2^30 / 1e9 = 1.074).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from m11_helpers.validate import non_negative_real, one_of, positive_real
+from m11_helpers.validate import non_negative_real, one_of, positive_int, positive_real
 
-__all__ = ["Chip", "CHIPS", "LINKS", "Link", "NVLINK_H100", "IB_400G", "DTYPE_BYTES", "chip"]
+__all__ = ["Chip", "CHIPS", "LINKS", "Link", "NVLINK_H100", "IB_400G", "DTYPE_BYTES", "GiB", "chip"]
+
+GiB = 2**30  # bytes in one GiB: the unit HBM capacity comes in
 
 # Bytes per element of each dtype a spec sheet quotes; tf32 is stored in 4 bytes.
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
@@ -26,7 +35,7 @@ class Chip:
     name: str
     kind: str  # "GPU", "TPU", "ASIC" or "CPU"
     peak_tflops: dict  # dtype -> dense peak, 1e12 FLOP/s (int8: 1e12 OP/s)
-    memory_gb: float  # on-package memory (HBM), 1e9 bytes
+    memory_bytes: int  # on-package memory (HBM) in bytes: binary, e.g. 80 * GiB for an "80 GB" H100
     bandwidth_tbs: float  # memory bandwidth, 1e12 bytes/s
     interconnect: str  # the chip-to-chip link of its scale-up domain
     interconnect_gbs: float | None  # per chip, both directions, 1e9 bytes/s (None: not published per chip)
@@ -37,7 +46,7 @@ class Chip:
         unknown = set(self.peak_tflops) - set(DTYPE_BYTES)
         if unknown:
             raise ValueError(f"peak_tflops has unknown dtypes {sorted(unknown)}; allowed: {sorted(DTYPE_BYTES)}")
-        positive_real(f"{self.name}: memory_gb", self.memory_gb)
+        positive_int(f"{self.name}: memory_bytes", self.memory_bytes)
         positive_real(f"{self.name}: bandwidth_tbs", self.bandwidth_tbs)
 
     def peak_flops(self, dtype: str = "bf16") -> float:
@@ -52,8 +61,19 @@ class Chip:
         return self.bandwidth_tbs * 1e12
 
     @property
-    def memory_bytes(self) -> float:
-        return self.memory_gb * 1e9
+    def memory_gb(self) -> float:
+        """Capacity in GB (1e9 bytes), the unit papers count model sizes in: 85.9 for an "80 GB" H100."""
+        return self.memory_bytes / 1e9
+
+    @property
+    def memory_gib(self) -> float:
+        """Capacity in GiB (2^30 bytes), what nvidia-smi and torch.cuda report: 80.0 for an "80 GB" H100."""
+        return self.memory_bytes / GiB
+
+    @property
+    def memory_text(self) -> str:
+        """'80 GiB = 85.9 GB': the capacity in both units, binary first (as the datasheet's figure)."""
+        return f"{self.memory_gib:g} GiB = {self.memory_gb:.1f} GB"
 
 
 _NV_SPARSE = "datasheet prints tensor-core rates with sparsity; dense = half"
@@ -61,54 +81,54 @@ _NV_SPARSE = "datasheet prints tensor-core rates with sparsity; dense = half"
 CHIPS: dict[str, Chip] = {c.name: c for c in [
     Chip("A100 SXM 80GB", "GPU",
          {"fp32": 19.5, "tf32": 156, "bf16": 312, "fp16": 312, "int8": 624},
-         80, 2.039, "NVLink 3", 600,
+         80 * GiB, 2.039, "NVLink 3", 600,
          "NVIDIA A100 Tensor Core GPU datasheet (2021), https://www.nvidia.com/content/dam/en-zz/Solutions/"
          "Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf",
          "dense figures as printed; sparsity doubles the tensor-core rates"),
     Chip("H100 SXM", "GPU",
          {"fp32": 67, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4, "fp8": 1978.9, "int8": 1978.9},
-         80, 3.35, "NVLink 4", 900,
+         80 * GiB, 3.35, "NVLink 4", 900,
          "NVIDIA H100 Tensor Core GPU datasheet, https://resources.nvidia.com/en-us-tensor-core/"
          "nvidia-tensor-core-gpu-datasheet; dense rates: NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022)",
          _NV_SPARSE),
     Chip("H200 SXM", "GPU",
          {"fp32": 67, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4, "fp8": 1978.9, "int8": 1978.9},
-         141, 4.8, "NVLink 4", 900,
+         141 * GiB, 4.8, "NVLink 4", 900,
          "NVIDIA H200 Tensor Core GPU datasheet (2024), https://www.nvidia.com/en-us/data-center/h200/",
          _NV_SPARSE + "; same compute as H100, more and faster HBM3e"),
     Chip("B200 (HGX)", "GPU",
          {"fp32": 75, "tf32": 1125, "bf16": 2250, "fp16": 2250, "fp8": 4500, "int8": 4500},
-         180, 8.0, "NVLink 5", 1800,
+         180 * GiB, 8.0, "NVLink 5", 1800,
          "NVIDIA HGX B200 specifications (8-GPU board), https://www.nvidia.com/en-us/data-center/hgx/",
          "board figures ÷ 8 GPUs; " + _NV_SPARSE),
     Chip("TPU v4", "TPU", {"bf16": 275, "int8": 275},
-         34.4, 1.2, "ICI, 3D torus, 4096-chip pods", None,
+         32 * GiB, 1.2, "ICI, 3D torus, 4096-chip pods", None,
          "Google Cloud TPU v4 documentation, https://cloud.google.com/tpu/docs/v4; Jouppi et al., "
          "'TPU v4: An Optically Reconfigurable Supercomputer for Machine Learning', ISCA 2023",
          "32 GiB HBM2; the docs give pod figures only (all-reduce 1.1 PB/s per 4096-chip pod)"),
     Chip("TPU v5e", "TPU", {"bf16": 197, "int8": 394},
-         16, 0.819, "ICI, 2D torus, 256-chip pods", 400,
+         16 * GiB, 0.819, "ICI, 2D torus, 256-chip pods", 400,
          "Google Cloud TPU v5e documentation, https://cloud.google.com/tpu/docs/v5e"),
     Chip("TPU v5p", "TPU", {"bf16": 459, "fp8": 459, "int8": 918},
-         95, 2.765, "ICI, 3D torus, 8960-chip pods", 1200,
+         95 * GiB, 2.765, "ICI, 3D torus, 8960-chip pods", 1200,
          "Google Cloud TPU v5p documentation, https://cloud.google.com/tpu/docs/v5p"),
     Chip("MI300X", "GPU",
          {"fp32": 163.4, "tf32": 653.7, "bf16": 1307.4, "fp16": 1307.4, "fp8": 2614.9, "int8": 2614.9},
-         192, 5.3, "Infinity Fabric, 7 links × 128 GB/s", 896,
+         192 * GiB, 5.3, "Infinity Fabric, 7 links × 128 GB/s", 896,
          "AMD Instinct MI300X data sheet (2023), https://www.amd.com/content/dam/amd/en/documents/"
          "instinct-tech-docs/data-sheets/amd-instinct-mi300x-data-sheet.pdf"),
     Chip("Gaudi2", "ASIC", {"bf16": 432, "fp8": 865},
-         96, 2.46, "24 × 100 GbE RoCE on chip", 600,
+         96 * GiB, 2.46, "24 × 100 GbE RoCE on chip", 600,
          "Habana Gaudi2 white paper (2022), https://habana.ai/products/gaudi2/; BF16/FP8 matrix rates: "
          "Intel Gaudi 3 AI Accelerator white paper (2024), comparison table",
          "2.4 Tb/s each way = 300 GB/s, 600 GB/s both directions"),
     Chip("Trainium", "ASIC", {"fp32": 47.5, "tf32": 190, "bf16": 190, "fp16": 190, "fp8": 190, "int8": 380},
-         34.4, 0.82, "NeuronLink-v2", None,
+         32 * GiB, 0.82, "NeuronLink-v2", None,
          "AWS Neuron documentation, Trainium architecture, https://awsdocs-neuron.readthedocs-hosted.com/"
          "en/latest/general/arch/neuron-hardware/trainium.html",
          "32 GiB per chip (Trn1); link bandwidth not published per chip there"),
     Chip("Trainium2", "ASIC", {"fp32": 181, "tf32": 667, "bf16": 667, "fp16": 667, "fp8": 1299},
-         103, 2.9, "NeuronLink-v3", None,
+         96 * GiB, 2.9, "NeuronLink-v3", None,
          "AWS Neuron documentation, Trainium2 architecture, https://awsdocs-neuron.readthedocs-hosted.com/"
          "en/latest/about-neuron/arch/neuron-hardware/trainium2.html",
          "96 GiB per chip"),

@@ -206,12 +206,12 @@ def autocast_weight_copy_bytes(model: nn.Module, *inputs, dtype: torch.dtype = t
 MODES = {
     "fp32": "fp32 weights, fp32 AdamW",
     "autocast": "torch.amp autocast bf16: fp32 weights are the master",
-    "megatron": "bf16 weights + fp32 master (MasterWeightsAdamW)",
+    "deepspeed": "bf16 weights and grads + fp32 master copy (DeepSpeed, Megatron-LM): MasterWeightsAdamW",
     "pure-bf16": "bf16 weights, bf16 AdamW, no master",
 }
 
 
-def precision_run(mode: str, steps: int = 120, lr: float = 1e-3, every: int = 5, seed: int = 0) -> dict:
+def precision_run(mode: str, steps: int = 120, lr: float = 3e-4, every: int = 5, seed: int = 0) -> dict:
     """AdamW on the course MLP with the weights stored as `mode` says (MODES); the full-data loss every `every`
     steps and, per step, the fraction of stored weight entries the update left unchanged (rounded away)."""
     from m11_helpers.data import regression
@@ -221,12 +221,12 @@ def precision_run(mode: str, steps: int = 120, lr: float = 1e-3, every: int = 5,
     positive_int("steps", steps)
     x_all, y_all = regression(256).tensors  # (256, 16), (256, 4)
     model = mlp(seed=seed)
-    if mode in ("megatron", "pure-bf16"):
+    if mode in ("deepspeed", "pure-bf16"):
         model = model.to(torch.bfloat16)
     dt = next(model.parameters()).dtype
-    opt = (MasterWeightsAdamW if mode == "megatron" else torch.optim.AdamW)(model.parameters(), lr=lr,
+    opt = (MasterWeightsAdamW if mode == "deepspeed" else torch.optim.AdamW)(model.parameters(), lr=lr,
                                                                           weight_decay=0.0)
-    stored = opt.master if mode == "megatron" else list(model.parameters())  # what the update is added to
+    stored = opt.master if mode == "deepspeed" else list(model.parameters())  # what the update is added to
     losses, unchanged = [], []
     for step in range(steps):
         i = torch.arange(step * 32, step * 32 + 32) % 256  # (32,) a fixed batch order

@@ -50,6 +50,15 @@ def full_batch_gradient(batch_size: int = 64, seed: int = 0) -> torch.Tensor:
     return flat_grad(model)
 
 
+def shard_gradient(rank: int, world_size: int, batch_size: int = 64, seed: int = 0) -> torch.Tensor:
+    """One process: ∇Lᵢ, the gradient of the mean loss over shard `rank` alone (what that rank computes)."""
+    model = mlp(seed=seed)
+    x, y = regression(n=batch_size, seed=seed).tensors
+    part = shard(batch_size, rank, world_size)
+    F.mse_loss(model(x[part]), y[part]).backward()
+    return flat_grad(model)
+
+
 def data_parallel_gradient(batch_size: int = 64, seed: int = 0) -> torch.Tensor:
     """Run on every rank: ∇ of the rank's shard loss, summed with all-reduce, divided by N."""
     rank, world = dist.get_rank(), dist.get_world_size()

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from m11_helpers.activations import activation_bytes
 from m11_helpers.attention import (
     attention_matrix_bytes,
     flash_attention,
@@ -16,7 +17,9 @@ from m11_helpers.attention import (
     saved_bytes_by_method,
     standard_hbm_elements,
     tiled_attention,
+    trace_dispatch,
 )
+from m11_helpers.config import RUNNING_EXAMPLE
 
 
 def qkv(B=2, H=2, T=19, D=8, dtype=torch.float64, seed=0):
@@ -94,6 +97,24 @@ def test_hbm_model_theorem2():
     assert 5 < ratio < 12  # the paper measures 40.3 GB / 4.4 GB = 9.2× (Fig. 2, left)
     big = standard_hbm_elements(65536, d) / flash_hbm_elements(65536, d, M)
     assert abs(big - M / (3 * d * d)) < 0.5  # tends to M/(3d²): a constant, not O(N)
+    # Algorithm 1 by hand, N = 8, d = 2, M = 16: B_c = ⌈16/8⌉ = 2, B_r = min(2, 2) = 2, T_c = 4
+    init, kv, per_pass = 8 * 2 + 2 * 8, 2 * 8 * 2, 3 * 8 * 2 + 4 * 8  # line 2; K, V once; Q, O, ℓ, m per pass
+    assert flash_hbm_elements(8, 2, 16) == init + kv + 4 * per_pass
+
+
+def test_score_matrix_is_the_activation_models_s2_term():
+    # the 7B's one s² tensor per layer (softmax output, bf16, no dropout) is what the kit's activation model counts
+    kit = activation_bytes(RUNNING_EXAMPLE, 1)["breakdown"]["attention scores"]
+    assert attention_matrix_bytes(1, RUNNING_EXAMPLE.heads, RUNNING_EXAMPLE.seq_len, 2) == kit == 2**30
+
+
+def test_trace_dispatch_sees_the_fused_kernel_and_the_matrix():
+    q, k, v = qkv(B=1, H=2, T=32, D=8, dtype=torch.float32)
+    sdpa = trace_dispatch(torch.nn.functional.scaled_dot_product_attention, q, k, v)
+    assert any("scaled_dot_product" in op for op in sdpa.ops) and sdpa.largest_numel < 2 * 32 * 32
+    naive = trace_dispatch(naive_attention, q, k, v)
+    assert not any("scaled_dot_product" in op for op in naive.ops) and naive.largest_numel == 2 * 32 * 32
+    torch.testing.assert_close(naive.out, sdpa.out)
 
 
 def test_bad_input():

@@ -6,16 +6,20 @@ import numpy as np
 import pytest
 
 from m11_helpers.cloud import (
+    PRICE_CUT_2025,
+    PRICES,
+    best_checkpoint_count,
     daly_interval,
     expected_wall_time,
-    multinode_commands,
-    sagemaker_estimator,
+    failures_per_hour,
+    segment_time,
     simulate_wall_time,
-    slurm_script,
     spot_cost,
+    wall_time_with_checkpoints,
     wasted_fraction_curve,
     young_interval,
 )
+from m11_helpers.cloud_launch import multinode_commands, sagemaker_estimator, slurm_script
 
 
 def test_young_worked_example():
@@ -71,13 +75,62 @@ def test_spot_cost_saves_when_rare_and_costs_when_frequent():
         spot_cost(1, 1, discount=1.0)
 
 
+def test_on_demand_checkpoints_at_its_own_interval_not_at_spots():
+    # Issue 20 item 8: at 4 preemptions/h spot checkpoints every 7.7 min; an on-demand run that nothing
+    # interrupts writes no checkpoint at all (it used to be charged spot's 780 checkpoints: 125.8 h).
+    c = spot_cost(100, 32.77, discount=0.7, preemptions_per_hour=4, checkpoint_seconds=120, restart_seconds=300)
+    assert c["interval_minutes"] == pytest.approx(7.75, abs=0.01) and c["on_demand_interval_minutes"] is None
+    assert c["on_demand_hours"] == 100 and c["spot_hours"] == pytest.approx(247.3, abs=0.1)
+    assert c["saving"] == pytest.approx(1 - 247.29 * 0.3 / 100, abs=1e-3)  # 25.8 %, not the 41 % it used to say
+    # With hardware failures, each side checkpoints at Young's τ for its own failure rate.
+    hw = failures_per_hour(16_384)
+    c = spot_cost(100, 32.77, 0.7, preemptions_per_hour=1, failures_per_hour=hw)
+    assert c["on_demand_interval_minutes"] == pytest.approx(young_interval(120, 3600 / hw) / 60)
+    assert c["interval_minutes"] == pytest.approx(young_interval(120, 3600 / (1 + hw)) / 60)
+    assert c["on_demand_hours"] == pytest.approx(expected_wall_time(100 * 3600, young_interval(120, 3600 / hw), 120,
+                                                                    3600 / hw, 300) / 3600)
+    with pytest.raises(ValueError, match="failures_per_hour"):
+        spot_cost(1, 1, failures_per_hour=-1)
+
+
+def test_llama3_failure_rate_and_dated_prices():
+    # Dubey et al. 2024, §3.3.4: 419 unexpected interruptions in 54 days on 16,384 GPUs -> M = 3.09 h
+    assert 1 / failures_per_hour(16_384) == pytest.approx(3.093, abs=1e-3)
+    assert 1 / failures_per_hour(8) == pytest.approx(6334, abs=1)  # one 8-GPU node: ~9 months between failures
+    for price in PRICES.values():
+        assert price.usd_per_hour > 0 and price.source and "20" in price.valid  # every price says when it held
+    assert PRICE_CUT_2025["up_to"] == 0.45 and "2025" in PRICE_CUT_2025["when"]
+
+
+def test_wall_time_with_n_checkpoints_is_what_the_monte_carlo_simulates():
+    w, d, m, r = 4 * 3600.0, 120.0, 2 * 3600.0, 60.0
+    for n in (0, 3, 9):
+        sim = simulate_wall_time(w, w / (n + 1), d, m, r, trials=3000, seed=n)
+        assert sim.mean() == pytest.approx(wall_time_with_checkpoints(w, n, d, m, r), rel=0.03)
+    assert segment_time(600, 3600) == pytest.approx(3600 * math.expm1(600 / 3600))
+    assert segment_time(1e9, 1) == math.inf  # no hope of finishing: infinite, not an OverflowError
+
+
+def test_best_checkpoint_count_is_the_argmin_and_young_is_near_it():
+    for w, d, m, r in ((8 * 3600, 120, 3 * 3600, 0), (8 * 3600, 1200, 3600, 0), (3600, 5, 600, 30), (60, 120, 1e6, 0)):
+        best = best_checkpoint_count(w, d, m, r)
+        times = [wall_time_with_checkpoints(w, n, d, m, r) for n in range(200)]
+        assert best == min(range(200), key=times.__getitem__)
+    assert best_checkpoint_count(8 * 3600, 120, 3 * 3600) == 18  # W/τ_Young = 17.9 segments: 16.9 checkpoints
+    assert best_checkpoint_count(60, 120, 1e6) == 0  # a short job on a reliable machine: none
+    with pytest.raises(ValueError, match="count"):
+        wall_time_with_checkpoints(10, -1, 1, 1)
+
+
 def test_commands():
     lines = multinode_commands("train.py", "--steps", "10", num_machines=2, processes_per_machine=8)
     assert len(lines) == 2 and "--machine_rank 1" in lines[1] and "--num_processes 16" in lines[0]
-    s = slurm_script("train.py", nodes=4, gpus_per_node=8)
+    assert "--max_restarts 3" in multinode_commands("train.py", max_restarts=3)[0]
+    s = slurm_script("train.py", nodes=4, gpus_per_node=8, max_restarts=2)
     assert "#SBATCH --nodes=4" in s and "--signal=TERM@120" in s and "SLURM_NODEID" in s
+    assert "--max_restarts 2" in s and "--resume" not in s  # train.py resumes from --ckpt-dir by itself
     e = sagemaker_estimator(instance_count=2)
-    assert "use_spot_instances=True" in e and "checkpoint_s3_uri" in e
+    assert "use_spot_instances=True" in e and "checkpoint_s3_uri" in e and 'entry_point="train.py"' in e
     compile(e, "estimator.py", "exec")
     with pytest.raises(ValueError, match="max_wait_hours"):
         sagemaker_estimator(max_run_hours=10, max_wait_hours=5)

@@ -234,6 +234,27 @@ def test_hierarchical_all_reduce_equals_one_process_sum_and_crosses_nodes_with_a
         assert events[1][2] == numel * 4 // g  # only the 1/g shard crosses nodes
 
 
+def _ring_trace_of_powers_of_two():
+    trace = []
+    ring_all_reduce(torch.full((dist.get_world_size(),), 2.0 ** dist.get_rank()), trace=trace)
+    return trace
+
+
+def test_the_ring_picture_is_drawn_from_the_ranks_own_data():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from m11_helpers.collectives_plots import plot_ring, plot_scaling
+
+    traces = launch(_ring_trace_of_powers_of_two, num_processes=3, show_output=False)
+    fig = plot_ring(traces)
+    last = fig.axes[-1]  # after the all-gather every chunk of every rank holds all three ranks' data
+    assert sorted(t.get_text() for t in last.texts) == ["012"] * 9
+    assert [ax.get_title() for ax in fig.axes[1:]] == ["RS step 0", "RS step 1", "AG step 0", "AG step 1"]
+    ax = plot_scaling({"1 KB": 1e3}, [2, 4, 8], cm.IB_400G)
+    assert len(ax.get_lines()) == 2 and ax.get_lines()[0].get_ydata()[0] == 1.0
+
+
 def test_sweep_checks_results_and_reports_rows():
     rows = launch(_sweep_and_guarded_ops, num_processes=2, show_output=False)[0]
     assert [(r["impl"], r["bytes"]) for r in rows] == [("ring (ours)", 64), ("backend", 64),

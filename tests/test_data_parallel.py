@@ -7,7 +7,11 @@ import torch.distributed as dist
 from torch.testing import assert_close
 from torch.utils.data import DistributedSampler
 
+from m11_helpers.config import GPT2_SMALL, RUNNING_EXAMPLE, TINY_GPT, param_count
 from m11_helpers.data_parallel import (
+    BUCKET_MLP,
+    MiB,
+    bucket_limits,
     noise_scale,
     pack_buckets,
     scaled_lr,
@@ -16,7 +20,14 @@ from m11_helpers.data_parallel import (
     train_regression,
     warmup_lr,
 )
-from m11_helpers.ddp_overlap import ddp_step_time, hidden_fraction, overlap_end, record_timeline
+from m11_helpers.ddp_overlap import (
+    bucket_params,
+    ddp_step_time,
+    hidden_fraction,
+    overlap_end,
+    record_timeline,
+    tensor_numels,
+)
 from m11_helpers.launch import launch
 
 # ------------------------------------------------------------------------------ sampler
@@ -57,52 +68,73 @@ def test_shard_indices_rejects_bad_arguments():
 # ------------------------------------------------------------------------------ buckets
 
 
-def test_pack_buckets_at_most_cap_in_reverse_order():
-    assert pack_buckets([4, 4, 4, 4], 8) == [[3, 2], [1, 0]]
-    assert pack_buckets([10, 2, 3], 4) == [[2], [1], [0]]  # 10 > cap: its own bucket
-    assert pack_buckets([1, 2, 3], 100) == [[2, 1, 0]]
-    for b in pack_buckets([3, 5, 2, 7, 1, 1, 4], 8):
-        assert len(b) == 1 or sum([3, 5, 2, 7, 1, 1, 4][i] for i in b) <= 8
+def test_bucket_limits_first_bucket_only_by_default():
+    assert bucket_limits() == (2**20, 25 * 2**20)  # dist._DEFAULT_FIRST_BUCKET_BYTES, _DEFAULT_BUCKET_CAP_MB
+    assert bucket_limits(25) == (25 * MiB, 25 * MiB)  # written out, the small first bucket is gone
+    assert bucket_limits(0.5) == (MiB // 2, MiB // 2)
+    with pytest.raises(ValueError, match="bucket_cap_mb"):
+        bucket_limits(0)
 
 
-def test_pack_buckets_ddp_rule_closes_once_cap_is_reached():
-    assert pack_buckets([4, 4, 4, 4], 6, close_at_cap=True) == [[3, 2], [1, 0]]  # 8 >= 6: overshoots
-    with pytest.raises(ValueError, match="cap_bytes"):
-        pack_buckets([1], 0)
+def test_pack_buckets_reverse_order_closing_once_the_limit_is_reached():
+    q = 3 * MiB // 4
+    assert pack_buckets([q] * 4, 1) == [[3, 2], [1, 0]]  # 1.5 MiB >= 1 MiB: buckets overshoot the cap
+    assert pack_buckets([MiB] * 3, 1) == [[2], [1], [0]]  # exactly the limit closes
+    assert pack_buckets([500_000, 1_020_000, 10_000, 10_000], 1) == [[3, 2, 1, 0]]  # MiB, not 10⁶ bytes
+    assert pack_buckets([1, 2, 3], 1) == [[2, 1, 0]]
+    assert pack_buckets([], None) == []
+    assert pack_buckets([q] * 4, 1, order=[0, 1, 2, 3]) == [[0, 1], [2, 3]]  # the order gradients became ready
+    with pytest.raises(ValueError, match="order"):
+        pack_buckets([1, 2], 1, order=[0, 0])
+    with pytest.raises(ValueError, match="nbytes"):
+        pack_buckets([-1], 1)
 
 
-def _ddp_bucket_numels(cap_mb):
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+def test_pack_buckets_first_bucket_of_one_mib_by_default():
+    nbytes = [4 * n for n in (131072, 512, 262144, 512, 262144, 512, 262144, 512, 8192, 16)]  # BUCKET_MLP
+    assert pack_buckets(nbytes) == [[9, 8, 7, 6], [5, 4, 3, 2, 1, 0]]  # 1.03 MiB, then the other 2.51 MiB
+    assert pack_buckets(nbytes, 25) == [list(range(9, -1, -1))]  # explicit 25: one bucket, nothing overlaps
+    # the 7B: every matrix exceeds 25 MiB and is its own bucket, the norm weights ride along: 7 × 32 + 2
+    assert len(pack_buckets([4 * n for n in tensor_numels(RUNNING_EXAMPLE)])) == 226
+
+
+def test_tensor_numels_add_up_to_param_count():
+    for cfg in (RUNNING_EXAMPLE, GPT2_SMALL, TINY_GPT):
+        assert sum(tensor_numels(cfg)) == param_count(cfg)
+    assert len(tensor_numels(RUNNING_EXAMPLE)) == 291  # embedding, 32 × (7 matrices + 2 norms), norm, head
+
+
+def _ddp_runs():
+    """DDP on BUCKET_MLP at three bucket settings: the comm hook's timeline and DDP's own logging of its buckets."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from m11_helpers.models import mlp
 
-    model = mlp((16, 64, 64, 64, 4))
-    ddp = DDP(model, bucket_cap_mb=cap_mb)
-    seen = []
-
-    def hook(state, bucket):
-        seen.append((bucket.index(), bucket.buffer().numel()))
-        return default_hooks.allreduce_hook(state, bucket)
-
-    ddp.register_comm_hook(None, hook)
-    out = []
-    for _ in range(2):
-        seen.clear()
-        ddp(torch.randn(8, 16)).sum().backward()
-        out.append([n for _, n in sorted(seen)])
-    numels = [p.numel() for p in model.parameters()]
-    del ddp
-    return out, numels
+    runs = {cap: record_timeline(cap, iterations=3, batch=16) for cap in (None, 25, 0.25)}
+    logged = {}
+    for cap in (None, 25, 0.25):
+        ddp = DDP(mlp(BUCKET_MLP)) if cap is None else DDP(mlp(BUCKET_MLP), bucket_cap_mb=cap)
+        for _ in range(3):  # rebuilt at the start of iteration 1; logged once it has run
+            ddp(torch.randn(4, BUCKET_MLP[0])).sum().backward()
+        data = ddp._get_ddp_logging_data()
+        logged[cap] = [[int(i) for i in b.split()] for b in data["rebuilt_per_bucket_param_indices"].split(",")]
+        del ddp
+    return runs, logged
 
 
-def test_pack_buckets_matches_real_ddp_buckets():
-    cap_mb = 0.02
-    (first, later), numels = launch(_ddp_bucket_numels, cap_mb, num_processes=2, show_output=False)[0]
-    assert first == [sum(numels)]  # iteration 0: one bucket; DDP rebuilds them after it
-    cap = int(cap_mb * 1024 * 1024)
-    expected = [sum(numels[i] for i in b) for b in pack_buckets([4 * n for n in numels], cap, close_at_cap=True)]
-    assert later == expected and len(later) > 1
+def test_pack_buckets_and_the_timeline_match_a_real_ddp():
+    runs, logged = launch(_ddp_runs, num_processes=2, show_output=False)[0]
+    nbytes = [4 * n for n in runs[None]["numels"]]
+    for cap, run in runs.items():
+        its = run["iterations"]
+        assert len(its[0]["buckets"]) == 1  # iteration 0: one bucket; DDP rebuilds them after it
+        predicted = pack_buckets(nbytes, cap)
+        assert bucket_params(its[1]) == bucket_params(its[2]) == logged[cap] == predicted, cap
+        assert sum(n for _, n, *_ in its[2]["buckets"]) == sum(run["numels"])
+    assert [len(pack_buckets(nbytes, cap)) for cap in runs] == [2, 1, 4]
+    later = runs[0.25]["iterations"][2]
+    assert later["buckets"][0][2] < max(later["grads"])  # bucket 0 starts before the last gradient is computed
+    assert hidden_fraction(later) > 0 and hidden_fraction(runs[25]["iterations"][2]) < 0.1  # one bucket: nothing hides
 
 
 # ------------------------------------------------------------------------------ training, three ways
@@ -131,19 +163,6 @@ def test_naive_and_ddp_match_one_process(world):
 def test_global_batch_must_divide():
     with pytest.raises(Exception, match="global_batch"):
         launch(train_regression, "ddp", steps=1, global_batch=30, num_processes=4, show_output=False)
-
-
-# ------------------------------------------------------------------------------ overlap timeline
-
-
-def test_timeline_iteration0_one_bucket_then_many_started_during_backward():
-    its = launch(record_timeline, 0.1, iterations=2, num_processes=2, show_output=False)[0]
-    assert len(its[0]["buckets"]) == 1
-    later = its[1]["buckets"]
-    assert len(later) > 3
-    assert sum(n for _, n, _, _ in later) == sum(n for _, n, _, _ in its[0]["buckets"])
-    assert later[0][2] < max(its[1]["grads"])  # bucket 0 starts before the last gradient is computed
-    assert hidden_fraction(its[1]) > 0 and hidden_fraction(its[0]) < 0.1  # one bucket: nothing to hide behind
 
 
 # ------------------------------------------------------------------------------ formulas
@@ -188,8 +207,14 @@ def test_overlap_model():
     assert 0 < yes["efficiency"] <= 1
     with pytest.raises(ValueError, match="buckets"):
         ddp_step_time(1, 2, 4e6, 8, 0, 0.0, 1e-9)
+    as_list = ddp_step_time(1, 2, 4e9, 8, [1e9] * 4, 0.0, 1e-9, overlap=True)  # bucket sizes instead of a count
+    assert as_list == pytest.approx(yes)
+    late = ddp_step_time(1, 2, 4e9, 8, [0.5e9, 3.5e9], 0.0, 1e-9, overlap=True)  # a big last bucket
+    assert late["exposed_comm_s"] == pytest.approx(2 * 7 / 8 * 3.5)  # it is ready only when backward ends
+    with pytest.raises(ValueError, match="buckets"):
+        ddp_step_time(1, 2, 4e9, 8, [1e9], 0.0, 1e-9)  # sizes must add up to grad_bytes
 
 
 def test_hidden_fraction():
-    it = {"grads": [0.0, 1.0, 2.0], "buckets": [(0, 1, 0.5, 1.5), (1, 1, 2.0, 3.0)]}
+    it = {"grads": [0.0, 1.0, 2.0], "buckets": [(0, 1, 0.5, 1.5, [1]), (1, 1, 2.0, 3.0, [0])]}
     assert hidden_fraction(it) == pytest.approx(0.5)

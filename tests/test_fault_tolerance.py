@@ -96,12 +96,21 @@ def _agree(signal_rank):
     before = notice.agreed()
     if dist.get_rank() == signal_rank:
         os.kill(os.getpid(), signal.SIGTERM)  # the notice reaches ONE rank
-    return before, notice.received, notice.agreed()
+    # device=: the flag lives where the group can reduce it (the training device under NCCL; CPU under gloo)
+    return before, notice.received, notice.agreed(device="cpu"), notice.agreed(group=dist.new_group([0, 1]))
 
 
 def test_ranks_agree_when_only_one_got_the_notice():
     out = launch(_agree, 1, num_processes=2, show_output=False)
-    assert out == [(False, False, True), (False, True, True)]
+    assert out == [(False, False, True, True), (False, True, True, True)]
+
+
+def test_fsync_dir_is_public_and_keeps_its_old_name(tmp_path):
+    from m11_helpers import fault_tolerance
+
+    fault_tolerance.fsync_dir(tmp_path)  # a directory: no error
+    fault_tolerance.fsync_dir(tmp_path / "missing")  # best effort: a missing folder is not an error either
+    assert fault_tolerance._fsync_dir is fault_tolerance.fsync_dir  # sharded_checkpoint imports the old name
 
 
 def _run_and_signal(tmp_path, ckpt, after_step):

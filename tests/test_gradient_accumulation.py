@@ -5,6 +5,13 @@ import torch
 import torch.nn.functional as F
 from torch.testing import assert_close
 
+from m11_helpers.accumulation_limits import (
+    accumulation_gap,
+    contrastive_loss,
+    grad_cache_backward,
+    mse_loss,
+    norm_mlp,
+)
 from m11_helpers.data import regression
 from m11_helpers.gradient_accumulation import (
     accelerate_accumulation_run,
@@ -102,3 +109,24 @@ def test_accelerate_accumulate_matches_reference():
         assert r["distributed_type"] == "DistributedType.MULTI_CPU"
         assert r["allreduces"] == steps
         assert_close(r["params"], [p.detach() for p in ref])
+
+
+def test_accumulation_is_not_the_large_batch_when_the_loss_couples_samples():
+    """BatchNorm and in-batch negatives break the equality; LayerNorm keeps it; GradCache restores it."""
+    x, y = regression(n=64, seed=0).tensors
+    bn = accumulation_gap(lambda: norm_mlp("batch"), mse_loss, x, y, 4)
+    ln = accumulation_gap(lambda: norm_mlp("layer"), mse_loss, x, y, 4)
+    assert bn["grads"] > 0.05 and bn["buffers"] > 0.05  # micro-batch statistics; running stats moved 4 times
+    assert ln["grads"] < 1e-5 and ln["buffers"] == 0.0  # per-sample normalisation: exact
+    b = x + 0.3 * torch.randn(x.shape, generator=torch.Generator().manual_seed(1))  # positive pairs (x_i, b_i)
+    nce = accumulation_gap(lambda: norm_mlp("layer"), contrastive_loss, x, b, 4)
+    assert nce["grads"] > 0.05  # 15 negatives per sample instead of 63
+    big, cached = norm_mlp("layer"), norm_mlp("layer")
+    loss = contrastive_loss(big, x, b)
+    loss.backward()
+    assert_close(grad_cache_backward(cached, x, b, 4), loss.detach())
+    assert_close([p.grad for p in cached.parameters()], [p.grad for p in big.parameters()], rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="k=5"):
+        accumulation_gap(lambda: norm_mlp("layer"), mse_loss, x, y, 5)
+    with pytest.raises(ValueError, match="norm"):
+        norm_mlp("group")

@@ -1,5 +1,6 @@
 """Lesson 01: the roofline, compute budgets and capacity against the papers' worked examples; the spec
-table's integrity; and the measuring helpers' behaviour (never their timings)."""
+table's integrity (binary HBM capacities); and the measuring helpers' behaviour (never their timings),
+the ping-pong on two real processes included."""
 
 from __future__ import annotations
 
@@ -7,32 +8,42 @@ import math
 
 import pytest
 
+from m11_helpers import hardware
+from m11_helpers.compute_budget import (
+    PUBLISHED_MFU,
+    max_params,
+    memory_needed,
+    min_chips,
+    model_flops_utilization,
+    per_param_bytes,
+    training_days,
+    training_flops,
+)
 from m11_helpers.config import RUNNING_EXAMPLE, param_count
 from m11_helpers.hardware import (
-    BYTES_PER_PARAM,
-    arithmetic_intensity,
-    attainable_flops,
     bf16_hardware,
-    bound,
+    copy_bandwidth,
     cpu_flags,
     device_choices,
-    matmul_bytes,
-    matmul_flops,
-    matmul_intensity,
-    max_params,
+    fit_latency_bandwidth,
     measure_copy_bandwidth,
     measure_kernels,
     measure_matmul,
     measured_chip,
-    memory_needed,
-    model_flops_utilization,
+)
+from m11_helpers.hardware_specs import CHIPS, DTYPE_BYTES, LINKS, Chip, GiB, chip
+from m11_helpers.roofline import (
+    arithmetic_intensity,
+    attainable_flops,
+    bound,
+    matmul_bytes,
+    matmul_flops,
+    matmul_intensity,
     plot_roofline,
     ridge_point,
     roofline_point,
-    training_days,
-    training_flops,
 )
-from m11_helpers.hardware_specs import CHIPS, DTYPE_BYTES, LINKS, Chip, chip
+from m11_helpers.timing import Timing
 
 H100 = CHIPS["H100 SXM"]
 A100 = CHIPS["A100 SXM 80GB"]
@@ -76,20 +87,33 @@ def test_training_days_rejects_bad_input(bad):
 
 # ---------------------------------------------------------------- capacity
 
-def test_h100_holds_20b_params_in_fp32_and_5b_in_training():
-    assert max_params(H100.memory_bytes, "fp32 weights") == 20_000_000_000
-    assert max_params(H100.memory_bytes, "mixed-precision Adam") == 5_000_000_000
-    assert BYTES_PER_PARAM["mixed-precision Adam"] == 2 + 2 + 4 + 4 + 4  # ZeRO §3.1
+def test_hbm_capacity_is_binary():
+    # an "80 GB" A100/H100 carries 80 GiB of HBM (issue 20, item 1); TPU and Trainium docs agree in GiB
+    for c in (A100, H100):
+        assert c.memory_bytes == 85_899_345_920 and c.memory_gib == 80 and c.memory_gb == pytest.approx(85.9, abs=0.05)
+    assert CHIPS["TPU v4"].memory_bytes == 32 * GiB and CHIPS["Trainium2"].memory_bytes == 96 * GiB
+    assert all(isinstance(c.memory_bytes, int) and c.memory_bytes % GiB == 0 for c in CHIPS.values())
+    assert H100.memory_text == "80 GiB = 85.9 GB"
+
+
+def test_h100_holds_21b_params_in_fp32_and_5_4b_in_training():
+    # 80 GiB / 4 B and / 16 B: 7 % more than the 20B and 5.0B of a decimal reading
+    assert max_params(H100.memory_bytes, 4) == 21_474_836_480
+    assert max_params(H100.memory_bytes, "autocast") == 5_368_709_120
+    assert max_params(80e9, "autocast") == 5_000_000_000
+    assert per_param_bytes("megatron") == per_param_bytes("autocast") == 16  # ZeRO §3.1 vs torch.amp: both 16
 
 
 def test_running_example_fits_for_inference_not_training():
     n = param_count(RUNNING_EXAMPLE)
     assert n == 6_738_415_616
-    assert memory_needed(n, "bf16 weights") == pytest.approx(13.48e9, rel=1e-3)
-    assert memory_needed(n, "bf16 weights") < H100.memory_bytes
-    assert memory_needed(n, "mixed-precision Adam") == pytest.approx(107.8e9, rel=1e-3)
-    assert memory_needed(n, "mixed-precision Adam") > H100.memory_bytes
-    assert memory_needed(n, 16) == memory_needed(n, "mixed-precision Adam")
+    assert memory_needed(n, 2) == pytest.approx(13.48e9, rel=1e-3)
+    assert memory_needed(n, 2) < H100.memory_bytes
+    assert memory_needed(n, "autocast") == pytest.approx(107.8e9, rel=1e-3)
+    assert memory_needed(n, "autocast") / GiB == pytest.approx(100.4, abs=0.05)
+    assert memory_needed(n, "autocast") > H100.memory_bytes
+    assert min_chips(n, H100.memory_bytes, "autocast") == 2 and min_chips(n, H100.memory_bytes, 2) == 1
+    assert min_chips(n, CHIPS["H200 SXM"].memory_bytes, "autocast") == 1  # 141 GiB = 151.4 GB
 
 
 def test_capacity_rejects_bad_input():
@@ -97,6 +121,12 @@ def test_capacity_rejects_bad_input():
         max_params(80e9, "fp64 weights")
     with pytest.raises(ValueError, match="memory_bytes"):
         max_params(0, 2)
+
+
+def test_published_mfu_is_far_below_80_percent():
+    # issue 20 item 10: "80-90 % utilisation" is not what training runs publish
+    assert all(0.2 < lo <= hi < 0.6 for _, lo, hi, _, _ in PUBLISHED_MFU)
+    assert all(src for *_, src in PUBLISHED_MFU)
 
 
 # ---------------------------------------------------------------- roofline
@@ -162,11 +192,13 @@ def test_table_claims():
 
 
 def test_chip_lookup_and_validation():
-    assert chip("H200 SXM").memory_gb == 141
+    assert chip("H200 SXM").memory_gib == 141
     with pytest.raises(ValueError, match="name"):
         chip("H300")
     with pytest.raises(ValueError, match="peak_tflops"):
         Chip("x", "GPU", {"fp64": 1}, 1, 1, "-", None, "-")
+    with pytest.raises(ValueError, match="memory_bytes"):
+        Chip("x", "GPU", {"bf16": 1}, 80.5, 1, "-", None, "-")  # bytes are whole
     with pytest.raises(ValueError, match="dtype"):
         H100.peak_flops("fp4")
 
@@ -176,7 +208,7 @@ def test_chip_lookup_and_validation():
 def test_measurements_return_positive_rates():
     assert measure_matmul(32, "fp32", repeats=1) > 0
     assert measure_matmul(32, "bf16", repeats=1) > 0
-    assert measure_copy_bandwidth(1, repeats=1) > 0
+    assert measure_copy_bandwidth(1, repeats=1) > 0 and copy_bandwidth(2**20, repeats=1) > 0
     rows = measure_kernels(repeats=1, vector_mb=1)
     assert [r["kernel"] for r in rows][:2] == ["x + y", "2·x + y"]
     intensities = [r["intensity"] for r in rows]
@@ -187,8 +219,28 @@ def test_measurements_return_positive_rates():
         measure_matmul(8, "fp64")
 
 
+def test_copy_bandwidth_counts_read_plus_write(monkeypatch):
+    # the course's one convention (STREAM "Copy"): a copy of S bytes in t seconds is 2S/t
+    monkeypatch.setattr(hardware, "time_it", lambda fn, **kw: (fn(), Timing((0.5,)))[1])
+    assert copy_bandwidth(1000, repeats=1) == 4000
+    assert measure_copy_bandwidth(0.001, repeats=1) == 4000
+    with pytest.raises(ValueError, match="nbytes"):
+        copy_bandwidth(0)
+
+
+def test_fit_latency_bandwidth_recovers_alpha_and_beta():
+    sizes = [2**k for k in range(4, 24, 2)]
+    alpha, bw = 30e-6, 2e9
+    a, b = fit_latency_bandwidth(sizes, [alpha + s / bw for s in sizes])
+    assert a == pytest.approx(alpha, rel=1e-6) and b == pytest.approx(bw, rel=1e-9)
+    with pytest.raises(ValueError, match="distinct sizes"):
+        fit_latency_bandwidth([8, 8], [1.0, 2.0])
+    with pytest.raises(ValueError, match="slope"):
+        fit_latency_bandwidth([8, 16], [2.0, 1.0])
+
+
 def test_measured_chip_joins_the_menu():
-    me = measured_chip("this machine", {"fp32": 0.1, "bf16": 0.5}, 5e9, memory_gb=8)
+    me = measured_chip("this machine", {"fp32": 0.1, "bf16": 0.5}, 5e9, memory_bytes=8 * GiB)
     menu = device_choices(me)
     assert next(iter(menu)) == "this machine" and "H100 SXM" in menu
     assert ridge_point(me.peak_flops("fp32"), me.bandwidth) == pytest.approx(20)
@@ -214,12 +266,25 @@ def test_plot_roofline_draws_one_line_per_device():
     plt.close("all")
 
 
-def test_p2p_bandwidth_on_two_real_processes():
-    from m11_helpers.hardware import p2p_bandwidth
+def _observed_ping_pong(sizes):
+    from m11_helpers.grading.observe import record_comm
+    from m11_helpers.hardware import ping_pong_sweep
+
+    with record_comm() as log:
+        out = ping_pong_sweep(sizes, repeats=2)
+    return out, [(e.op, e.peer, e.nbytes) for e in log.events]
+
+
+def test_ping_pong_on_two_real_processes():
     from m11_helpers.launch import launch
 
-    rates = launch(p2p_bandwidth, 1, repeats=1, num_processes=2, timeout=60, show_output=False)
-    assert len(rates) == 2 and rates[0] == rates[1] > 0  # both ranks report rank 0's measurement
+    (t0, log0), (t1, log1) = launch(_observed_ping_pong, [8, 4096], num_processes=2, timeout=60, show_output=False)
+    assert t0 == t1 and all(t > 0 for t in t0)  # both ranks report rank 0's clock
+    # 1 warm-up + 2 timed exchanges per size, each a send and the echo of the same bytes, then one broadcast
+    expect0 = [(op, 1, s) for s in (8, 4096) for _ in range(3) for op in ("send", "recv")]
+    assert [e for e in log0 if e[0] != "broadcast"] == expect0
+    assert [e for e in log1 if e[0] != "broadcast"] == [(op, 0, s) for s in (8, 4096) for _ in range(3)
+                                                        for op in ("recv", "send")]
 
 
 def test_numpy_numbers_are_accepted_and_bad_dtypes_named():

@@ -322,8 +322,10 @@ def test_plan_and_merge_report_every_student_even_when_a_shard_is_lost(tmp_path:
     assert ci.main(["plan", str(klass), "--shard-size", "20"]) == 0
     assert capsys.readouterr().out.splitlines() == ['matrix={"shard": [1], "shards": [1]}', "students=3", "go=true"]
     assert [classroom.shard_of(["a", "b", "c"], k, 2) for k in (1, 2)] == [["a", "c"], ["b"]]
-    with pytest.raises(ValueError, match="allowed 1..2"):
+    with pytest.raises(ValueError, match="shard must be one of 1, 2, got 3"):
         classroom.shard_of(["a"], 3, 2)
+    with pytest.raises(ValueError, match="shard_size"):
+        classroom.plan(klass, 0)
     shard = tmp_path / "shards" / "shard-1"
     classroom.write_csv([classroom.Row("ada", LESSON, 3, 4, "graded", "abc", "no", 2.0),
                          classroom.Row("cy", LESSON, 0, 4, "missing", notes=f"no {LESSON} in the submission")],

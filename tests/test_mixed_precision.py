@@ -119,9 +119,9 @@ def test_autocast_tables_on_cpu():
 def _one_step(layout):
     x, y = tokens(4).tensors
     m = tiny_gpt(0)
-    if layout in ("megatron", "pure-bf16"):
+    if layout in ("deepspeed", "pure-bf16"):
         m = m.to(torch.bfloat16)
-    opt = MasterWeightsAdamW(m.parameters()) if layout == "megatron" else torch.optim.AdamW(m.parameters())
+    opt = MasterWeightsAdamW(m.parameters()) if layout == "deepspeed" else torch.optim.AdamW(m.parameters())
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=layout == "autocast"):
         loss = m(x, y)
     loss.backward()
@@ -129,7 +129,7 @@ def _one_step(layout):
     return m, opt
 
 
-@pytest.mark.parametrize("layout", ["fp32", "autocast", "megatron", "pure-bf16"])
+@pytest.mark.parametrize("layout", ["fp32", "autocast", "deepspeed", "pure-bf16"])
 def test_held_bytes_per_param_equal_model_states(layout):
     m, opt = _one_step(layout)
     psi = param_count(TINY_GPT)
@@ -142,8 +142,8 @@ def test_held_bytes_per_param_equal_model_states(layout):
 def test_master_weights_adamw_equals_fp32_adamw_on_the_master_and_keeps_small_updates():
     model = mlp(seed=0).to(torch.bfloat16)
     ref_master = [p.detach().float().clone().requires_grad_() for p in model.parameters()]
-    ref = torch.optim.AdamW(ref_master, lr=1e-4, weight_decay=0.0)
-    opt = MasterWeightsAdamW(model.parameters(), lr=1e-4)
+    ref = torch.optim.AdamW(ref_master, lr=1e-5, weight_decay=0.0)
+    opt = MasterWeightsAdamW(model.parameters(), lr=1e-5)  # updates of ~1e-5, under half a bf16 step of most weights
     x = torch.randn(8, 16, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)  # (8, 16)
     start = [p.detach().clone() for p in model.parameters()]
     for _ in range(5):
@@ -157,13 +157,14 @@ def test_master_weights_adamw_equals_fp32_adamw_on_the_master_and_keeps_small_up
         assert torch.equal(mm, r.detach()) and torch.equal(p, r.detach().to(torch.bfloat16))
     moved_master = sum((mm != s.float()).sum().item() for mm, s in zip(opt.master, start))
     moved_model = sum((p != s).sum().item() for p, s in zip(model.parameters(), start))
-    assert moved_master > 2 * moved_model  # most updates live in the master until they cross a bf16 step
+    total = sum(p.numel() for p in model.parameters())
+    assert moved_master > total / 2 and moved_model < moved_master / 2  # most updates live in the master only
 
 
 def test_precision_run_pure_bf16_stalls_and_master_copies_track_fp32():
     runs = {m: precision_run(m, steps=40, lr=3e-4) for m in MODES}
     fp32 = runs["fp32"]["loss"][-1][1]
-    for mode in ("autocast", "megatron"):
+    for mode in ("autocast", "deepspeed"):
         assert abs(runs[mode]["loss"][-1][1] - fp32) < 0.02 * fp32 and runs[mode]["unchanged"] < 0.05
     assert runs["pure-bf16"]["unchanged"] > 0.3 and runs["pure-bf16"]["loss"][-1][1] > 1.05 * fp32
     with pytest.raises(ValueError, match="mode"):

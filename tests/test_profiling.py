@@ -3,7 +3,14 @@ import json
 
 import pytest
 
-from m11_helpers.profiling import is_comm, profile_data_parallel, split_step_time, union_length
+from m11_helpers.profiling import (
+    Event,
+    is_comm,
+    profile_data_parallel,
+    split_events,
+    split_step_time,
+    union_length,
+)
 
 
 def test_union_and_split():
@@ -14,13 +21,23 @@ def test_union_and_split():
         split_step_time([(0, 1)], [(2, 1)], [])
 
 
+def test_split_events_by_hand():
+    ev = [Event("train_step", 1, 0, 100), Event("aten::linear", 1, 10, 40), Event("aten::addmm", 1, 12, 38),
+          Event("gloo:all_reduce", 3, 30, 60), Event("aten::mul", 1, 50, 70), Event("aten::copy_", 3, 0, 100),
+          Event("aten::add", 1, 120, 150), Event("c10d::allreduce_", 1, 90, 110)]
+    # comm (30, 60) + (90, 100); compute ∪ comm within the step: (10, 70) + (90, 100); the gloo thread's aten op is not compute
+    assert split_events(ev) == {"wall": 100, "comm": 40, "compute": 30, "other": 30, "overlap": 20}
+    with pytest.raises(ValueError, match="train_step"):
+        split_events(ev[1:])
+
+
 def test_is_comm():
     assert is_comm("gloo:all_reduce") and is_comm("c10d::allreduce_") and is_comm("nccl:all_reduce")
     assert not is_comm("aten::mm")
 
 
 def test_profile_two_ranks(tmp_path):
-    res = profile_data_parallel(2, steps=1, trace_dir=str(tmp_path))
+    res = profile_data_parallel(2, steps=1, warmup=1, trace_dir=str(tmp_path), return_events=True)
     assert [r["rank"] for r in res] == [0, 1]
     for r in res:
         parts = r["compute_ms"] + r["comm_ms"] + r["other_ms"]
@@ -28,3 +45,6 @@ def test_profile_two_ranks(tmp_path):
         assert r["compute_ms"] > 0 and r["comm_ms"] > 0  # DDP all-reduced the gradients
         trace = json.loads(open(r["trace"]).read())
         assert any(e.get("name") == "train_step" for e in trace["traceEvents"])
+        split = split_events(r["events"])  # the same split from the events a rank can return
+        assert split["wall"] / 1e3 == pytest.approx(r["wall_ms"]) and split["comm"] / 1e3 == pytest.approx(r["comm_ms"])
+

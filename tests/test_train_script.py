@@ -216,7 +216,8 @@ def test_elastic_restart_recovers_from_a_crash_and_a_hang_by_itself(ref2, tmp_pa
     run = launch_script("train.py", *COMMON, "--ckpt-every", 2, "--ckpt-dir", tmp_path, "--crash-at", 5,
                         "--hang-at", 9, "--timeout", 5, num_processes=2, max_restarts=2, echo=False,
                         show_command=False, timeout=300)
-    assert run.returncode == 0 and run.restarts == 2 and exit_codes(run.output) == [1, 1]
+    codes = exit_codes(run.output)  # the agent's failure report of each attempt (a peer's may be listed too)
+    assert run.returncode == 0 and run.restarts == 2 and len(codes) >= 2 and set(codes) == {1}
     assert "injected crash on rank 1 at step 5" in run.output and "Timed out" in run.output
     final = run.results[0]
     assert final["restarts"] == 2 and final["start_step"] in (6, 8)  # step_8 unless its save was still in flight

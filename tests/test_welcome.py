@@ -16,7 +16,14 @@ from m11_helpers.data import regression, tokens
 from m11_helpers.launch import LaunchError, launch
 from m11_helpers.models import mlp, tiny_gpt
 from m11_helpers.quiz import Question, QuizState, as_markdown
-from m11_helpers.welcome import data_parallel_gradient, failing_rank, full_batch_gradient, hello, shard
+from m11_helpers.welcome import (
+    data_parallel_gradient,
+    failing_rank,
+    full_batch_gradient,
+    hello,
+    shard,
+    shard_gradient,
+)
 
 
 @pytest.mark.parametrize("world", [2, 4])
@@ -26,6 +33,13 @@ def test_averaged_gradient_equals_the_full_batch_gradient(world):
     for g in ranks:
         torch.testing.assert_close(g, full)
     assert all(torch.equal(g, ranks[0]) for g in ranks)  # all-reduce leaves identical copies
+
+
+def test_the_shard_gradients_average_to_the_full_batch_gradient_in_one_process():
+    full = full_batch_gradient(batch_size=64, seed=0)
+    parts = [shard_gradient(i, 4, batch_size=64, seed=0) for i in range(4)]
+    torch.testing.assert_close(sum(parts) / 4, full)
+    assert all((p - full).abs().max() > 1e-4 for p in parts)  # each shard alone is off: the noise the plot shows
 
 
 def test_hello_reports_every_rank_and_the_sum():

@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
             print(classroom.summary(rows))
             return 1 if any(r.status == "not graded" for r in rows) else 0
     except (ValueError, RuntimeError) as e:
-        print(f"classroom {args.command}: {e}", file=sys.stderr)
+        print(f"m11_helpers.grading.ci {args.command}: {e}", file=sys.stderr)
         return 2
     return 0
 

@@ -27,6 +27,7 @@ from m11_helpers.grading import collect, report, sandbox
 from m11_helpers.grading.integrity import inspect, read_notebook
 from m11_helpers.grading.results import ExerciseResult, NotebookResult
 from m11_helpers.grading.runner import prepare
+from m11_helpers.validate import one_of, positive_int
 
 __all__ = ["Row", "GradeFn", "students", "shard_of", "grade_class", "write_csv", "read_csv", "plan", "merge", "summary",
            "main_class"]
@@ -60,8 +61,7 @@ def students(folder: Path) -> list[str]:
 
 def shard_of(names: list[str], shard: int, shards: int) -> list[str]:
     """Shard `shard` of `shards` (1-based), round-robin so that every shard gets a similar share."""
-    if not 1 <= shard <= shards:
-        raise ValueError(f"shard={shard}/{shards}: allowed 1..{shards}")
+    one_of("shard", shard, range(1, positive_int("shards", shards) + 1))
     return names[shard - 1::shards]
 
 
@@ -98,6 +98,9 @@ def grade_class(klass: Path, source: Path | None, out: Path, grade: GradeFn, not
             notes = [n for n in [info.get("notes", ""), *notes] if n]  # e.g. "not collected: …" from the manifest
             rows.append(Row(student, expected, result.score, result.max_score, status, info.get("commit", ""),
                             info.get("late", ""), result.seconds, "; ".join(notes)))
+        if not notebooks:  # nobody handed in a course notebook and none was named: still one row each
+            rows.append(Row(student, "*", 0, 0, "missing", info.get("commit", ""), info.get("late", ""),
+                            notes="no course notebook handed in by anyone (name them with --notebooks)"))
         report.write_reports(results, out / student)
     write_csv(rows, out / "class.csv")
     (out / "shard.json").write_text(json.dumps({"shard": shard[0], "shards": shard[1], "students": mine,
@@ -121,8 +124,7 @@ def read_csv(path: Path) -> list[Row]:
 
 def plan(klass: Path, shard_size: int) -> dict:
     """The CI matrix: enough shards of at most `shard_size` students (at least one, even for an empty class)."""
-    if shard_size < 1:
-        raise ValueError(f"shard_size={shard_size}: allowed 1 or more students per shard")
+    positive_int("shard_size", shard_size)
     n = max(1, math.ceil(len(students(klass) if klass.is_dir() else []) / shard_size))
     return {"shard": list(range(1, n + 1)), "shards": [n]}
 
@@ -159,7 +161,7 @@ def summary(rows: list[Row]) -> str:
     lines = ["# Class grades", "", head, "", "| student | notebook | score | status | commit | late | notes |",
              "|---|---|---:|---|---|---|---|"]
     for r in rows:
-        notes = r.notes.replace("|", "\\|")[:300]
+        notes = " ".join(r.notes.split()).replace("|", "\\|")[:300]  # one table row, whatever a file is named
         lines.append(f"| {r.student} | {r.notebook} | {_num(r.score)} / {_num(r.max)} | {r.status} "
                      f"| {r.commit[:10]} | {r.late} | {notes} |")
     return "\n".join(lines) + "\n"

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import nbformat
 
-from m11_helpers.grading import report
+from m11_helpers.grading import report, sandbox
 from m11_helpers.grading.exercises import find_repo_root
 from m11_helpers.grading.results import ExerciseResult, NotebookResult
 from m11_helpers.grading.runner import MAX_ATTEMPTS, _CellMap, _run_once, prepare, run_cells, score  # noqa: F401
@@ -154,6 +154,9 @@ def _main(argv: list[str]) -> int:
     except ValueError as e:
         print(f"m11 grade: {e}", file=sys.stderr)
         return 2
+    isolation = sandbox.describe()  # every report says what isolated the notebooks, or warns that nothing did
+    for r in results:
+        r.notes.insert(0, isolation)
     report.write_reports(results, args.out)
     print(report.terminal_table(results))
     print(f"reports written to {args.out}/ (report.md, report.json, junit.xml)")

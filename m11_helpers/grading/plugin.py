@@ -101,6 +101,18 @@ def pytest_configure(config: pytest.Config) -> None:
     if not path:
         return
     _state["log"] = open(path, "a", encoding="utf-8")
+    # The kernel starts after this and inherits our environment: take the log's path out of it, and
+    # close our /proc/PID/{fd,environ,mem} to same-uid processes (PR_SET_DUMPABLE = 0) so a notebook
+    # cannot find the open log through us. It can still search the file system for it: only the
+    # sandbox (grading/sandbox.py), where the log is not a file at all, closes that (instructor guide).
+    os.environ.pop(LOG_ENV, None)
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE
+        except (OSError, AttributeError):
+            pass
     _patch_nbval()
     timeout = float(os.environ.get(TIMEOUT_ENV) or 0)
     if timeout > 0:

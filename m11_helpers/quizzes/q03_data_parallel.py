@@ -24,15 +24,17 @@ QUESTIONS = [
               "bucket_cap_mb is in MiB either way.",
               "It still rebuilds after iteration 0; the rebuilt buckets just follow the explicit cap."],
              transfer=True),
-    Question("You train the 7B model with torch.amp autocast and plain DDP, then register DDP's bf16_compress_hook. "
-             "What happens to the bytes all-reduced per step and to the gradient memory?",
-             ["Both halve", "The bytes halve (27 GB to 13.5 GB); the fp32 gradients stay in memory",
-              "Nothing: autocast already made the gradients bf16", "The bytes double: the hook sends fp32 and bf16"], 1,
-             ["The hook only changes what goes on the wire; .grad stays fp32.",
-              "Right: autocast keeps fp32 parameters and fp32 gradients; the hook casts each bucket to bf16 for the "
-              "all-reduce and back.",
-              "Autocast casts per operation; parameters and their gradients stay fp32.",
-              "It sends the bf16 copy only."], transfer=True),
+    Question("In naive data parallelism you drop the broadcast at the start (each rank initialises with its own "
+             "seed) but still average the gradients every step, with plain SGD. What happens to the replicas?",
+             ["The all-reduce pulls them together within a few steps",
+              "They stay apart by exactly their initial difference, for ever",
+              "They drift further apart each step", "Nothing: averaging the gradients is all DP needs"], 1,
+             ["The all-reduce averages gradients, never weights.",
+              "Right: every rank adds the same averaged update to different weights, so the initial difference is "
+              "kept exactly (and the gradients, computed at different weights, are not the full batch's either). "
+              "DDP's constructor broadcasts for this reason.",
+              "The updates are identical on every rank; the difference neither grows nor shrinks under plain SGD.",
+              "The equation ∇L = (1/N) Σᵢ ∇Lᵢ assumes one set of weights on every rank."], transfer=True),
     Question("On 8 GPUs, you cut the per-GPU batch from 8 sequences to 1 (same model, same link). What happens to "
              "the share of the all-reduce that hides behind backward?",
              ["It grows: smaller batches communicate less", "It shrinks: backward is 8× shorter, the all-reduce is not",

@@ -1,7 +1,7 @@
 """The smallest Accelerate script: every rank says hello and they agree on one number.
 
-    ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 2 course/scripts/hello_accelerate.py
-    accelerate launch --multi_gpu --num_processes 8 course/scripts/hello_accelerate.py   # an 8-GPU box
+    ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 2 $(m11 script hello_accelerate.py)
+    accelerate launch --multi_gpu --num_processes 8 $(m11 script hello_accelerate.py)   # an 8-GPU box
 
 Lesson 00 runs it through `m11_helpers.launch.launch_script`, which prints these commands for you.
 """

@@ -1,7 +1,7 @@
 """Lesson 03's training as an Accelerate script: the same file on 1, 2 or 4 processes (or 8 GPUs).
 
-    launch_script("scripts/train_dp.py", "--steps", "8", num_processes=4)       # from a notebook
-    ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 4 course/scripts/train_dp.py
+    launch_script("train_dp.py", "--steps", "8", num_processes=4)       # from a notebook
+    ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 4 $(m11 script train_dp.py)
 
 The global batch stays 64 whatever the number of processes (`split_batches=True`: each rank gets
 64/N rows), so the losses must match the one-process run: data parallelism changes who computes,

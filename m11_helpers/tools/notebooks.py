@@ -127,11 +127,10 @@ def find_notebooks(paths: Iterable[str | Path]) -> list[Path]:
 
 def refresh(nb: NotebookNode, cwd: str | Path, timeout: float = 600) -> NotebookNode:
     """Execute `nb` top to bottom in a fresh python3 kernel with cwd `cwd`; return it executed."""
-    from nbclient import NotebookClient  # imported here: `--check` should not pay for it
+    from m11_helpers.tools.kernels import notebook_client  # imported here: `--check` should not pay for it
 
     nb = copy.deepcopy(nb)
-    NotebookClient(nb, timeout=timeout, kernel_name="python3",
-                   resources={"metadata": {"path": str(cwd)}}).execute()
+    notebook_client(nb, cwd=cwd, timeout=timeout).execute()
     return nb
 
 

@@ -110,12 +110,12 @@ def presenter_view(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
 def _execute(nb: nbformat.NotebookNode, folder: Path) -> None:
     """Run nb in place with its folder as cwd, so relative data paths and plots work."""
     # imported late: only --execute needs a kernel
-    from nbclient import NotebookClient
     from nbclient.exceptions import CellControlSignal, DeadKernelError
 
+    from m11_helpers.tools.kernels import notebook_client
+
     kernel = nb.metadata.get("kernelspec", {}).get("name", "python3")
-    client = NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name=kernel,
-                            resources={"metadata": {"path": str(folder)}})
+    client = notebook_client(nb, cwd=folder, timeout=CELL_TIMEOUT_S, kernel_name=kernel)
     try:
         client.execute()
     except (CellControlSignal, DeadKernelError) as err:  # a failing cell, a timeout, a crash

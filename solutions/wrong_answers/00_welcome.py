@@ -11,3 +11,88 @@ def average(t: torch.Tensor) -> torch.Tensor:
     dist.all_reduce(t)
     t /= dist.get_world_size()
     return t
+
+# %% 0.1 | divides by the lesson's 4 ranks instead of the world size | expect: world size
+def average(t: torch.Tensor) -> torch.Tensor:
+    total = t.clone()
+    dist.all_reduce(total)
+    return total / 4
+
+# %% 0.1 | divides its own tensor by N without communicating | expect: no collective
+def average(t: torch.Tensor) -> torch.Tensor:
+    return t / dist.get_world_size()
+
+# %% 0.2 | contiguous blocks of n // world_size: drops the remainder | expect: missing
+def shard_indices(n: int, rank: int, world_size: int) -> list[int]:
+    per = n // world_size
+    return list(range(rank * per, (rank + 1) * per))
+
+# %% 0.2 | the last rank takes the whole remainder | expect: differ by more than one
+def shard_indices(n: int, rank: int, world_size: int) -> list[int]:
+    per = n // world_size
+    end = n if rank == world_size - 1 else (rank + 1) * per
+    return list(range(rank * per, end))
+
+# %% 0.2 | blocks of ceil(n / world_size): the last shards come up short | expect: differ by more than one
+def shard_indices(n: int, rank: int, world_size: int) -> list[int]:
+    per = -(-n // world_size)
+    return list(range(rank * per, min(n, (rank + 1) * per)))
+
+# %% 0.2 | pads like DistributedSampler: repeats the first indices | expect: more than once
+def shard_indices(n: int, rank: int, world_size: int) -> list[int]:
+    order = list(range(n))
+    total = -(-n // world_size) * world_size
+    while n and len(order) < total:
+        order += order[: total - len(order)]
+    return order[rank::world_size]
+
+# %% 0.3 | plain average of the ranks' mean-loss gradients (divides by N) | expect: weighs every shard equally
+def dp_gradient(x: torch.Tensor, y: torch.Tensor, model: torch.nn.Module) -> torch.Tensor:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    idx = shard_indices(len(x), rank, world)
+    model.zero_grad()
+    if idx:
+        F.mse_loss(model(x[idx]), y[idx]).backward()
+        g = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+    else:
+        g = torch.cat([torch.zeros_like(p).reshape(-1) for p in model.parameters()])
+    dist.all_reduce(g)
+    return g / world
+
+# %% 0.3 | sums the ranks' mean-loss gradients without weighting them | expect: summed
+def dp_gradient(x: torch.Tensor, y: torch.Tensor, model: torch.nn.Module) -> torch.Tensor:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    idx = shard_indices(len(x), rank, world)
+    model.zero_grad()
+    if idx:
+        F.mse_loss(model(x[idx]), y[idx]).backward()
+        g = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+    else:
+        g = torch.cat([torch.zeros_like(p).reshape(-1) for p in model.parameters()])
+    dist.all_reduce(g)
+    return g
+
+# %% 0.3 | forgets to zero the gradients the model still holds from the previous call | expect: zero_grad
+def dp_gradient(x: torch.Tensor, y: torch.Tensor, model: torch.nn.Module) -> torch.Tensor:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    idx = shard_indices(len(x), rank, world)
+    if idx:
+        (F.mse_loss(model(x[idx]), y[idx]) * (len(idx) / len(x))).backward()
+        g = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+    else:
+        g = torch.cat([torch.zeros_like(p).reshape(-1) for p in model.parameters()])
+    dist.all_reduce(g)
+    return g
+
+# %% 0.3 | weights by n_i / n, then also divides by the world size out of habit | expect: divided by the world size
+def dp_gradient(x: torch.Tensor, y: torch.Tensor, model: torch.nn.Module) -> torch.Tensor:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    idx = shard_indices(len(x), rank, world)
+    model.zero_grad()
+    if idx:
+        (F.mse_loss(model(x[idx]), y[idx]) * (len(idx) / len(x))).backward()
+        g = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+    else:
+        g = torch.cat([torch.zeros_like(p).reshape(-1) for p in model.parameters()])
+    dist.all_reduce(g)
+    return g / world

@@ -158,7 +158,7 @@ def crossover(N: int, alpha: float, beta: float) -> float:
 def half_bandwidth(N: int, alpha: float, beta: float) -> float:
     return N * alpha / beta
 
-# %% 2.3 | half bandwidth where the latency term equals the bandwidth term of one step (α/β) | expect: the N of S/N stays
+# %% 2.3 | reuses lesson 01's point-to-point α·B (= α/β) as the ring's half-bandwidth size | expect: the N of S/N stays
 def crossover(N: int, alpha: float, beta: float) -> float:
     L = math.ceil(math.log2(N))
     latency_gap, bandwidth_gap = (N - 1) - L, L - (N - 1) / N

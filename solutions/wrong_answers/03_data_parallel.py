@@ -158,6 +158,32 @@ class OverlappedGradSync:
     def finish(self) -> None:
         self.missing = [len(b) for b in self.buckets]
 
+# %% 3.3 | starts each all-reduce asynchronously but waits for it inside the hook | expect: wait for the all-reduces in finish()
+class OverlappedGradSync:
+    def __init__(self, model: torch.nn.Module, buckets: list[list[int]]):
+        params = list(model.parameters())
+        self.buckets = [[params[i] for i in b] for b in buckets]
+        self.missing = [len(b) for b in self.buckets]
+
+        def on_ready(k):
+            self.missing[k] -= 1
+            if self.missing[k] == 0:
+                bucket = self.buckets[k]
+                flat = torch.cat([p.grad.reshape(-1) for p in bucket])
+                dist.all_reduce(flat, async_op=True).wait()
+                flat /= dist.get_world_size()
+                offset = 0
+                for p in bucket:
+                    p.grad.copy_(flat[offset:offset + p.numel()].view_as(p.grad))
+                    offset += p.numel()
+
+        for k, bucket in enumerate(self.buckets):
+            for p in bucket:
+                p.register_post_accumulate_grad_hook(lambda _p, k=k: on_ready(k))
+
+    def finish(self) -> None:
+        self.missing = [len(b) for b in self.buckets]
+
 # %% 3.3 | never copies the reduced bucket back into p.grad | expect: copy the averaged values back
 class OverlappedGradSync:
     def __init__(self, model: torch.nn.Module, buckets: list[list[int]]):

@@ -1,0 +1,68 @@
+"""Lesson 02 quiz: shown by `quiz("02_collectives")`. Its figures come from the helpers, so they match the lesson."""
+
+from m11_helpers import comm_model as cm
+from m11_helpers.config import RUNNING_EXAMPLE, param_count
+from m11_helpers.model_states import gradient_bytes
+from m11_helpers.quantities import GB
+from m11_helpers.quiz import Question
+
+_P = param_count(RUNNING_EXAMPLE)
+_SENT = {layout: cm.ring_bytes_sent(gradient_bytes(_P, layout), 8) / GB for layout in ("autocast", "megatron")}
+_FP32 = gradient_bytes(_P, "autocast")
+_ONE = cm.cluster_allreduce_time(_FP32, 2, cm.ONE_NIC_H100)
+_RAILS = cm.cluster_allreduce_time(_FP32, 2, cm.HGX_H100)
+
+QUESTIONS = [
+    Question("A 16-GPU data-parallel job (2 nodes of 8 H100) runs on nodes with ONE 400 Gb/s NIC each. You move it "
+             "to HGX H100 nodes with one 400 Gb/s NIC per GPU. What happens to the ring all-reduce of the gradients?",
+             [f"About 8× faster ({_ONE:.2f} s → {_RAILS:.2f} s for the 7B's fp32 gradients)",
+              "No change: a ring runs at its slowest hop, one 400 Gb/s link either way",
+              "About 2× faster: only the two NICs at the node boundary count",
+              "Slower: eight rings pay eight times the latency"], 0,
+             ["Right: NCCL runs one ring per NIC (a rail), each carrying 1/8 of the data, so the node puts 8 × 50 GB/s "
+              "on the network; NVLink (450 GB/s) is not the limit until then.",
+              "Each ring does run at one link's speed, but it carries only 1/8 of the data: 8 rings side by side.",
+              "Every one of the 8 rings leaves the node through its own NIC.",
+              "The rings run at the same time: their α steps overlap, they do not add up."],
+             transfer=True),
+    Question("DDP trains the 7B under torch.amp autocast on 8 GPUs. You register a bf16 compression comm hook. "
+             "What happens to the bytes each rank sends per step (ring all-reduce)?",
+             [f"{_SENT['autocast']:.1f} GB → {_SENT['megatron']:.1f} GB",
+              f"{_SENT['megatron']:.1f} GB → {_SENT['megatron']:.1f} GB: autocast already makes the gradients bf16",
+              f"{_FP32 / GB:.1f} GB → {_FP32 / 2 / GB:.1f} GB",
+              f"{_SENT['autocast']:.1f} GB → {_SENT['megatron'] / 2:.1f} GB"], 0,
+             ["Right: autocast keeps fp32 parameters, so .grad is fp32 (4 B/param); the hook sends bf16 (2 B). "
+              "A ring sends 2(N−1)/N = 1.75× the gradient bytes per rank.",
+              "autocast runs matmuls in bf16 but the parameters, and so their gradients, stay fp32.",
+              "Those are the gradient sizes; each rank SENDS 2(N−1)/N of them in a ring all-reduce.",
+              "bf16 halves the bytes once, not twice."],
+             transfer=True),
+    Question("An nccl-tests all-reduce on 8 GPUs reports algbw 200 GB/s. What is its busbw?",
+             ["200 GB/s", "350 GB/s", "400 GB/s", "1600 GB/s"], 1,
+             ["busbw multiplies algbw by 2(N−1)/N for all-reduce.",
+              "Yes: 200 × 2·7/8 = 350 GB/s, comparable with NVLink's per-direction peak.",
+              "That uses a factor 2; the exact factor is 2(N−1)/N = 1.75.",
+              "busbw is per link, not summed over GPUs."]),
+    Question("You grow a job from 8 to 1024 ranks on the same network. Which term of the ring all-reduce's time grows "
+             "most?",
+             ["The bandwidth term 2(N−1)/N·S·β", "The latency term 2(N−1)α", "Neither: the ring is O(1) in N",
+              "Both grow linearly"], 1,
+             ["It goes from 1.75 S·β to 1.998 S·β: barely moves.",
+              "Yes: 14α → 2046α. For small messages that dominates, which is why libraries switch to trees (and "
+              "hierarchical schemes) at scale.",
+              "Only the bandwidth term is (nearly) constant.",
+              "The bandwidth term is bounded by 2S·β."],
+             transfer=True),
+    Question("2 nodes of 8 GPUs, one NIC per node. You replace the flat ring all-reduce by a hierarchical one "
+             "(reduce-scatter in the node, all-reduce each GPU's 1/8 shard across nodes, all-gather in the node). "
+             "The bytes each node sends to the network…",
+             ["about halve: 2·(1/2)·S instead of 2·(15/16)·S", "shrink 8×: only a 1/8 shard crosses",
+              "stay the same: an all-reduce is an all-reduce", "double: there are three collectives instead of one"], 0,
+             ["Right: the flat ring leaves the node with 2(N−1)/N·S; the hierarchical one with 2(nodes−1)/nodes·S "
+              "(8 shards of S/8). The gain shrinks as nodes grow (0.89× at 8 nodes); the steps fall from 2(N−1) to "
+              "2(g−1) + 2(nodes−1).",
+              "Each GPU sends its 1/8, but all 8 GPUs of the node do: S/8 × 8 = S per pass.",
+              "The pattern decides which links carry the bytes; the lesson counts them.",
+              "The reduce-scatter and the all-gather stay on NVLink: no network bytes."],
+             transfer=True),
+]

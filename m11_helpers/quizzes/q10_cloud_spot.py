@@ -1,0 +1,63 @@
+"""Lesson 10 quiz: shown by `quiz("10_cloud_spot")`. Its figures come from the helpers, so they match the lesson."""
+
+from m11_helpers.cloud import spot_cost, young_interval
+from m11_helpers.quiz import Question
+
+_TAU = {d: young_interval(d, 3 * 3600) / 60 for d in (120, 30)}  # minutes, M = 3 h
+_FOUR = spot_cost(100, 1.0, discount=0.7, preemptions_per_hour=4, checkpoint_seconds=120, restart_seconds=300)
+_OLD_OD = 100 + 120 / 3600 * (int(100 * 60 / _FOUR["interval_minutes"]))  # on-demand charged spot's checkpoints
+_OLD = 1 - _FOUR["spot_hours"] * 0.3 / _OLD_OD
+
+QUESTIONS = [
+    Question(f"Your run checkpoints at Young's interval: δ = 2 min, M = 3 h, so every {_TAU[120]:.1f} min. An "
+             "asynchronous save cuts what training waits for to δ = 30 s. What happens to the best interval?",
+             ["Nothing: an async save is free, keep the interval", f"It halves, to {_TAU[30]:.1f} min",
+              f"It falls 4×, to {_TAU[120] / 4:.1f} min", "It doubles: cheaper saves can be rarer"], 1,
+             ["A save that costs less makes more of them worth writing: the interval moves.",
+              "Right: τ = √(2δM) grows with the square root of δ: 4× cheaper saves, half the interval, and half the "
+              "work lost per failure.",
+              "τ is proportional to √δ, not to δ.",
+              "The other way round: cheaper checkpoints are worth writing more often."],
+             transfer=True),
+    Question("A 4-rank FSDP2 run saved with torch.distributed.checkpoint is preempted; only 2 GPUs are free now. "
+             "You restart it on 2 ranks with the same global batch. What happens?",
+             ["It fails: the checkpoint's mesh has 4 ranks",
+              "It resumes: each new rank reads the slices of each tensor its shards cover; the losses continue to "
+              "within float-summation tolerance, not bit for bit",
+              "It resumes bit for bit, exactly as on 4 ranks",
+              "Rank 0 must first gather the whole checkpoint into one file"], 1,
+             ["That is what a rank-0 torch.save of the DTensor shards does: its tensors are tied to the 4-rank mesh.",
+              "Right: the .metadata maps every tensor slice to a file, so any world size loads it (measured in the "
+              "lesson: within 1e-5). Two ranks sum the gradients in another order, so not bitwise.",
+              "A different number of ranks adds the partial gradients in a different order: a few ulp apart.",
+              "No gather: each rank reads only what its new shards need."],
+             transfer=True),
+    Question("Spot at 4 preemptions per hour, 70 % discount, 2-minute checkpoints, 5-minute restarts, against an "
+             "on-demand run that nothing interrupts. What does spot save?",
+             ["70 %: the discount", f"{_OLD:.0%}", f"{_FOUR['saving']:.0%}", "Nothing: it costs more"], 2,
+             ["The list discount, before any preemption is paid for.",
+              "That charges the on-demand run spot's checkpoint every "
+              f"{_FOUR['interval_minutes']:.1f} min; an uninterrupted run needs none.",
+              f"Right: spot needs {_FOUR['spot_hours']:.0f} h for 100 h of work; at 30 % of the price that is "
+              f"{_FOUR['saving']:.0%} less than 100 on-demand hours.",
+              "Not yet: the break-even rate is higher (exercise 10.3)."]),
+    Question("The spike guard caught a NaN at step 7 and rolled back to the step-6 checkpoint. You rerun from there "
+             "without skipping any batch. What happens?",
+             ["The NaN is gone: a rollback resets whatever caused it",
+              "The same NaN at step 7: the same weights, optimizer state, RNG and batch give the same step",
+              "A NaN at a random later step", "Training diverges at once"], 1,
+             ["Nothing changed: the resumed run is bit-identical to the first one.",
+              "Right: resume is deterministic, so you must change something: skip the batches (PaLM) or lower the "
+              "learning rate (OPT-175B).",
+              "Nothing random differs: every RNG state was restored.",
+              "The step-6 weights were good: step 6 runs as before."],
+             transfer=True),
+    Question("With dcp.async_save, what does the training loop still wait for at each checkpoint?",
+             ["Nothing", "The copy of its state into CPU memory; the files are written in the background",
+              "Every file and the metadata on disk", "Rank 0 gathering the full state dict"], 1,
+             ["The state must be copied before the next step changes it.",
+              "Right: the staging copy is the δ training pays (a fraction of a synchronous save in the course's "
+              "benchmark); a checkpoint is complete only when its metadata lands.",
+              "That is dcp.save, the synchronous one.",
+              "DCP never gathers: each rank writes its own shards."]),
+]

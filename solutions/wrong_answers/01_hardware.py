@@ -1,0 +1,171 @@
+"""Recorded wrong answers for solutions/01_hardware.ipynb (format: m11_helpers/grading/wrong_answers.py)."""
+
+# %% 1.1 | reads the datasheet's "80 GB" as 80 × 10⁹ bytes (HBM is binary) | expect: 2**30
+def largest_model(datasheet_gb: float, mode: str, reserve: float = 0.0) -> int:
+    per_param = {"inference": 2, "training": 16}
+    if mode not in per_param:
+        raise ValueError(f"mode must be 'inference' or 'training', got {mode!r}")
+    return int(datasheet_gb * 1e9 * (1 - reserve) // per_param[mode])
+
+
+def min_gpus(params: float, datasheet_gb: float, mode: str) -> int:
+    return math.ceil(params / largest_model(datasheet_gb, mode))
+
+# %% 1.1 | 12 bytes per parameter for training (only the fp32 master, momentum, variance) | expect: not 12
+def largest_model(datasheet_gb: float, mode: str, reserve: float = 0.0) -> int:
+    per_param = {"inference": 2, "training": 12}
+    if mode not in per_param:
+        raise ValueError(f"mode must be 'inference' or 'training', got {mode!r}")
+    return int(datasheet_gb * 2**30 * (1 - reserve) // per_param[mode])
+
+
+def min_gpus(params: float, datasheet_gb: float, mode: str) -> int:
+    return math.ceil(params / largest_model(datasheet_gb, mode))
+
+# %% 1.1 | rounds the number of GPUs to the nearest instead of up | expect: round UP
+def largest_model(datasheet_gb: float, mode: str, reserve: float = 0.0) -> int:
+    per_param = {"inference": 2, "training": 16}
+    if mode not in per_param:
+        raise ValueError(f"mode must be 'inference' or 'training', got {mode!r}")
+    return int(datasheet_gb * 2**30 * (1 - reserve) // per_param[mode])
+
+
+def min_gpus(params: float, datasheet_gb: float, mode: str) -> int:
+    return round(params / largest_model(datasheet_gb, mode))
+
+# %% 1.1 | keeps the reserve for the weights instead of free | expect: reserve
+def largest_model(datasheet_gb: float, mode: str, reserve: float = 0.0) -> int:
+    per_param = {"inference": 2, "training": 16}
+    if mode not in per_param:
+        raise ValueError(f"mode must be 'inference' or 'training', got {mode!r}")
+    usable = reserve if reserve else 1.0
+    return int(datasheet_gb * 2**30 * usable // per_param[mode])
+
+
+def min_gpus(params: float, datasheet_gb: float, mode: str) -> int:
+    return math.ceil(params / largest_model(datasheet_gb, mode))
+
+# %% 1.2 | counts reading A and B but not writing C | expect: output C
+def compute_bound_tokens(k: int, n: int, bytes_per_element: int, peak_flops: float, bandwidth: float) -> int | None:
+    ridge = peak_flops / bandwidth
+    slope = 2 * k * n - ridge * bytes_per_element * k
+    if slope <= 0:
+        return None
+    return max(1, math.ceil(ridge * bytes_per_element * k * n / slope))
+
+# %% 1.2 | counts m·n·k FLOPs (forgets the add) | expect: one multiply and one add
+def compute_bound_tokens(k: int, n: int, bytes_per_element: int, peak_flops: float, bandwidth: float) -> int | None:
+    ridge = peak_flops / bandwidth
+    slope = k * n - ridge * bytes_per_element * (k + n)
+    if slope <= 0:
+        return None
+    return max(1, math.ceil(ridge * bytes_per_element * k * n / slope))
+
+# %% 1.2 | off by one: the largest m that is still memory-bound | expect: smallest m
+def compute_bound_tokens(k: int, n: int, bytes_per_element: int, peak_flops: float, bandwidth: float) -> int | None:
+    ridge = peak_flops / bandwidth
+    slope = 2 * k * n - ridge * bytes_per_element * (k + n)
+    if slope <= 0:
+        return None
+    return int(ridge * bytes_per_element * k * n / slope)
+
+# %% 1.2 | no "never" case: a negative m when the intensity can never reach the ridge | expect: return None
+def compute_bound_tokens(k: int, n: int, bytes_per_element: int, peak_flops: float, bandwidth: float) -> int | None:
+    ridge = peak_flops / bandwidth
+    slope = 2 * k * n - ridge * bytes_per_element * (k + n)
+    return math.ceil(ridge * bytes_per_element * k * n / slope)
+
+# %% 1.2 | delegates to the course's roofline helper | expect: derive the threshold yourself
+def compute_bound_tokens(k: int, n: int, bytes_per_element: int, peak_flops: float, bandwidth: float) -> int | None:
+    dtype = {4: "fp32", 2: "bf16", 1: "fp8"}[bytes_per_element]
+    for m in range(1, 1 << 20):
+        if roofline.matmul_intensity(m, n, k, dtype) >= peak_flops / bandwidth:
+            return m
+    return None
+
+# %% 1.3 | a line through the first and last points only | expect: two points
+def fit_alpha_beta(sizes, seconds) -> tuple[float, float]:
+    slope = (seconds[-1] - seconds[0]) / (sizes[-1] - sizes[0])
+    return seconds[0] - slope * sizes[0], 1 / slope
+
+# %% 1.3 | returns the slope (seconds per byte) as the bandwidth | expect: inverse
+def fit_alpha_beta(sizes, seconds) -> tuple[float, float]:
+    slope, alpha = np.polyfit(sizes, seconds, 1)
+    return float(alpha), float(slope)
+
+# %% 1.3 | no latency term: bandwidth = mean of S / t | expect: intercept
+def fit_alpha_beta(sizes, seconds) -> tuple[float, float]:
+    return 0.0, float(np.mean(np.asarray(sizes) / np.asarray(seconds)))
+
+# %% 1.3 | fits a straight line to the logarithms | expect: not of their logarithms
+def fit_alpha_beta(sizes, seconds) -> tuple[float, float]:
+    slope, intercept = np.polyfit(np.log(sizes), np.log(seconds), 1)
+    return float(np.exp(intercept)), float(1 / slope)
+
+# %% 1.4 | both ranks send first, then receive | expect: deadlock
+def ping_pong(message: torch.Tensor, repeats: int) -> float | None:
+    rank, other = dist.get_rank(), 1 - dist.get_rank()
+    trips = []
+    for i in range(1 + repeats):
+        t0 = time.perf_counter()
+        dist.send(message, dst=other)
+        dist.recv(message, src=other)
+        if i:
+            trips.append(time.perf_counter() - t0)
+    return statistics.median(trips) / 2 if rank == 0 else None
+
+# %% 1.4 | returns the round trip, not half of it | expect: round trip
+def ping_pong(message: torch.Tensor, repeats: int) -> float | None:
+    rank = dist.get_rank()
+    trips = []
+    for i in range(1 + repeats):
+        t0 = time.perf_counter()
+        if rank == 0:
+            dist.send(message, dst=1)
+            dist.recv(message, src=1)
+        else:
+            dist.recv(message, src=0)
+            dist.send(message, dst=0)
+        if i:
+            trips.append(time.perf_counter() - t0)
+    return statistics.median(trips) if rank == 0 else None
+
+# %% 1.4 | no echo: rank 0 times its send, rank 1 only receives | expect: echo
+def ping_pong(message: torch.Tensor, repeats: int) -> float | None:
+    rank = dist.get_rank()
+    times = []
+    for i in range(1 + repeats):
+        t0 = time.perf_counter()
+        if rank == 0:
+            dist.send(message, dst=1)
+        else:
+            dist.recv(message, src=0)
+        if i:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times) if rank == 0 else None
+
+# %% 1.4 | times the first exchange too (no warm-up) | expect: warm-up
+def ping_pong(message: torch.Tensor, repeats: int) -> float | None:
+    rank = dist.get_rank()
+    trips = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        if rank == 0:
+            dist.send(message, dst=1)
+            dist.recv(message, src=1)
+        else:
+            dist.recv(message, src=0)
+            dist.send(message, dst=0)
+        trips.append(time.perf_counter() - t0)
+    return statistics.median(trips) / 2 if rank == 0 else None
+
+# %% 1.4 | a round trip of two broadcasts instead of a send and its echo | expect: point-to-point
+def ping_pong(message: torch.Tensor, repeats: int) -> float | None:
+    trips = []
+    for i in range(1 + repeats):
+        t0 = time.perf_counter()
+        dist.broadcast(message, src=0)
+        dist.broadcast(message, src=1)
+        if i:
+            trips.append(time.perf_counter() - t0)
+    return statistics.median(trips) / 2 if dist.get_rank() == 0 else None

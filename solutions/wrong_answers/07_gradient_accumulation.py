@@ -1,0 +1,361 @@
+"""Recorded wrong answers for solutions/07_gradient_accumulation.ipynb (format: m11_helpers/grading/wrong_answers.py)."""
+
+# %% 7.1 | takes the largest micro-batch that fits and rounds K up | expect: exactly
+def plan_accumulation(global_batch: int, world_size: int, max_micro_batch: int) -> tuple[int, int]:
+    per_rank = global_batch // world_size
+    return max_micro_batch, -(-per_rank // max_micro_batch)
+
+# %% 7.1 | forgets the world size | expect: world_size
+def plan_accumulation(global_batch: int, world_size: int, max_micro_batch: int) -> tuple[int, int]:
+    micro = max(b for b in range(1, max_micro_batch + 1) if global_batch % b == 0)
+    return micro, global_batch // micro
+
+# %% 7.1 | always a micro-batch of 1: exact, but the most micro-steps | expect: fewest micro-steps
+def plan_accumulation(global_batch: int, world_size: int, max_micro_batch: int) -> tuple[int, int]:
+    if global_batch % world_size:
+        raise ValueError(f"global_batch={global_batch} is not a multiple of world_size={world_size}")
+    return 1, global_batch // world_size
+
+# %% 7.1 | floors the per-rank share instead of refusing an impossible batch | expect: ValueError
+def plan_accumulation(global_batch: int, world_size: int, max_micro_batch: int) -> tuple[int, int]:
+    per_rank = global_batch // world_size
+    micro = max(b for b in range(1, min(max_micro_batch, per_rank) + 1) if per_rank % b == 0)
+    return micro, per_rank // micro
+
+# %% 7.2 | the common loop: steps only when (i + 1) % K == 0, the tail never steps | expect: incomplete window
+def train_with_accumulation(model, optimizer, batches, K: int) -> int:
+    steps = 0
+    optimizer.zero_grad(set_to_none=True)
+    for i, (x, y) in enumerate(batches):
+        (F.mse_loss(model(x), y) / K).backward()
+        if (i + 1) % K == 0:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            steps += 1
+    return steps
+
+# %% 7.2 | steps the short last window but divides it by K, not by its size | expect: size of its window
+def train_with_accumulation(model, optimizer, batches, K: int) -> int:
+    steps = 0
+    optimizer.zero_grad(set_to_none=True)
+    for start in range(0, len(batches), K):
+        for x, y in batches[start:start + K]:
+            (F.mse_loss(model(x), y) / K).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        steps += 1
+    return steps
+
+# %% 7.2 | zeroes only after each step: leftovers in .grad join the first step | expect: leftovers
+def train_with_accumulation(model, optimizer, batches, K: int) -> int:
+    steps = 0
+    for start in range(0, len(batches), K):
+        window = batches[start:start + K]
+        for x, y in window:
+            (F.mse_loss(model(x), y) / len(window)).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        steps += 1
+    return steps
+
+# %% 7.2 | delegates to the lesson's helper | expect: write the loop yourself
+def train_with_accumulation(model, optimizer, batches, K: int) -> int:
+    return len(course_loop.train_with_accumulation(model, optimizer, batches, K))
+
+# %% 7.3 | mean loss per micro-batch, divided by K (mean of means) | expect: total token count
+def token_weighted_losses(per_token_losses, masks):
+    K = len(masks)
+    return [(l * m).sum() / m.sum() / K for l, m in zip(per_token_losses, masks)]
+
+# %% 7.3 | forgets the mask: padded positions count | expect: padding
+def token_weighted_losses(per_token_losses, masks):
+    total = sum(l.numel() for l in per_token_losses)
+    return [l.sum() / total for l in per_token_losses]
+
+# %% 7.3 | masks the sum but counts every position, padding included | expect: padding
+def token_weighted_losses(per_token_losses, masks):
+    total = sum(m.numel() for m in masks)
+    return [(l * m).sum() / total for l, m in zip(per_token_losses, masks)]
+
+# %% 7.3 | delegates to the lesson's helper | expect: write the normalisation yourself
+def token_weighted_losses(per_token_losses, masks):
+    return course_loop.token_weighted_losses(per_token_losses, masks)
+
+# %% 7.4 | no no_sync: an all-reduce after every micro-batch | expect: all but the last backward
+def ddp_accumulate(ddp_model, micro_batches) -> None:
+    K = len(micro_batches)
+    for x, y in micro_batches:
+        (F.mse_loss(ddp_model(x), y) / K).backward()
+
+# %% 7.4 | the whole window inside no_sync: nothing is ever all-reduced | expect: outside no_sync
+def ddp_accumulate(ddp_model, micro_batches) -> None:
+    K = len(micro_batches)
+    with ddp_model.no_sync():
+        for x, y in micro_batches:
+            (F.mse_loss(ddp_model(x), y) / K).backward()
+
+# %% 7.4 | forgets to divide each micro-loss by K | expect: divide each micro-loss by K
+def ddp_accumulate(ddp_model, micro_batches) -> None:
+    K = len(micro_batches)
+    for k, (x, y) in enumerate(micro_batches):
+        with (ddp_model.no_sync() if k < K - 1 else contextlib.nullcontext()):
+            F.mse_loss(ddp_model(x), y).backward()
+
+# %% 7.4 | synchronises the first micro-batch instead of the last | expect: last backward all-reduces
+def ddp_accumulate(ddp_model, micro_batches) -> None:
+    K = len(micro_batches)
+    for k, (x, y) in enumerate(micro_batches):
+        with (ddp_model.no_sync() if k > 0 else contextlib.nullcontext()):
+            (F.mse_loss(ddp_model(x), y) / K).backward()
+
+# %% 7.4 | accumulates under no_sync, then all-reduces each gradient by hand | expect: outside no_sync
+def ddp_accumulate(ddp_model, micro_batches) -> None:
+    K = len(micro_batches)
+    with ddp_model.no_sync():
+        for x, y in micro_batches:
+            (F.mse_loss(ddp_model(x), y) / K).backward()
+    for p in ddp_model.parameters():
+        dist.all_reduce(p.grad)
+        p.grad /= dist.get_world_size()
+
+# %% 7.5 | forgets ÷K | expect: divide each micro-loss by K
+def composed_step(model, optimizer, scheduler, micro_batches, max_norm: float):
+    K = len(micro_batches)
+    for k, (x, y) in enumerate(micro_batches):
+        last = k == K - 1
+        if hasattr(model, "set_requires_gradient_sync"):
+            model.set_requires_gradient_sync(last)
+        with (contextlib.nullcontext() if last or not hasattr(model, "no_sync") else model.no_sync()):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = F.mse_loss(model(x), y)
+            loss.backward()
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return norm
+
+# %% 7.5 | clips after every micro-batch's backward | expect: clip once
+def composed_step(model, optimizer, scheduler, micro_batches, max_norm: float):
+    K = len(micro_batches)
+    for k, (x, y) in enumerate(micro_batches):
+        last = k == K - 1
+        if hasattr(model, "set_requires_gradient_sync"):
+            model.set_requires_gradient_sync(last)
+        with (contextlib.nullcontext() if last or not hasattr(model, "no_sync") else model.no_sync()):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = F.mse_loss(model(x), y)
+            (loss / K).backward()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return norm
+
+# %% 7.5 | steps the scheduler after every micro-batch | expect: scheduler once per optimizer step
+def composed_step(model, optimizer, scheduler, micro_batches, max_norm: float):
+    K = len(micro_batches)
+    for k, (x, y) in enumerate(micro_batches):
+        last = k == K - 1
+        if hasattr(model, "set_requires_gradient_sync"):
+            model.set_requires_gradient_sync(last)
+        with (contextlib.nullcontext() if last or not hasattr(model, "no_sync") else model.no_sync()):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = F.mse_loss(model(x), y)
+            (loss / K).backward()
+        scheduler.step()
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return norm
+
+# %% 7.5 | DDP only: calls no_sync() on an FSDP2 module too | expect: set_requires_gradient_sync
+def composed_step(model, optimizer, scheduler, micro_batches, max_norm: float):
+    K = len(micro_batches)
+    for k, (x, y) in enumerate(micro_batches):
+        with (model.no_sync() if k < K - 1 else contextlib.nullcontext()):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = F.mse_loss(model(x), y)
+            (loss / K).backward()
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return norm
+
+# %% 7.5 | turns FSDP2's sync off but never back on for the last micro-batch | expect: True before the last
+def composed_step(model, optimizer, scheduler, micro_batches, max_norm: float):
+    K = len(micro_batches)
+    for k, (x, y) in enumerate(micro_batches):
+        last = k == K - 1
+        if hasattr(model, "set_requires_gradient_sync"):
+            if not last:
+                model.set_requires_gradient_sync(False)
+        with (contextlib.nullcontext() if last or not hasattr(model, "no_sync") else model.no_sync()):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = F.mse_loss(model(x), y)
+            (loss / K).backward()
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return norm
+
+# %% 7.5 | no sync control: DDP all-reduces and FSDP2 reduce-scatters every micro-batch | expect: once per optimizer step
+def composed_step(model, optimizer, scheduler, micro_batches, max_norm: float):
+    K = len(micro_batches)
+    for x, y in micro_batches:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = F.mse_loss(model(x), y)
+        (loss / K).backward()
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return norm
+
+# %% 7.5 | autocasts the loss only, not the forward | expect: autocast
+def composed_step(model, optimizer, scheduler, micro_batches, max_norm: float):
+    K = len(micro_batches)
+    for k, (x, y) in enumerate(micro_batches):
+        last = k == K - 1
+        if hasattr(model, "set_requires_gradient_sync"):
+            model.set_requires_gradient_sync(last)
+        with (contextlib.nullcontext() if last or not hasattr(model, "no_sync") else model.no_sync()):
+            out = model(x)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = F.mse_loss(out, y)
+            (loss / K).backward()
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return norm
+
+# %% 7.5 | never clears the gradients: the next window adds to this one | expect: zero the gradients
+def composed_step(model, optimizer, scheduler, micro_batches, max_norm: float):
+    K = len(micro_batches)
+    for k, (x, y) in enumerate(micro_batches):
+        last = k == K - 1
+        if hasattr(model, "set_requires_gradient_sync"):
+            model.set_requires_gradient_sync(last)
+        with (contextlib.nullcontext() if last or not hasattr(model, "no_sync") else model.no_sync()):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = F.mse_loss(model(x), y)
+            (loss / K).backward()
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    optimizer.step()
+    scheduler.step()
+    return norm
+
+# %% 7.5 | delegates to the lesson's step | expect: compose the step yourself
+def composed_step(model, optimizer, scheduler, micro_batches, max_norm: float):
+    return course_step.accumulation_step(model, optimizer, scheduler, micro_batches, max_norm=max_norm)
+
+# %% 7.6 | steps the scheduler every time, skipped or not | expect: do not step the scheduler
+def scaled_step(model, optimizer, scheduler, scaler, micro_batches, max_norm: float) -> bool:
+    K = len(micro_batches)
+    for k, (x, y) in enumerate(micro_batches):
+        with (model.no_sync() if k < K - 1 else contextlib.nullcontext()):
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = F.mse_loss(model(x), y)
+            scaler.scale(loss / K).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    before = scaler.get_scale()
+    scaler.step(optimizer)
+    scaler.update()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return scaler.get_scale() >= before
+
+# %% 7.6 | clips the scaled gradient: no unscale_ before clipping | expect: unscale_ once
+def scaled_step(model, optimizer, scheduler, scaler, micro_batches, max_norm: float) -> bool:
+    K = len(micro_batches)
+    for k, (x, y) in enumerate(micro_batches):
+        with (model.no_sync() if k < K - 1 else contextlib.nullcontext()):
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = F.mse_loss(model(x), y)
+            scaler.scale(loss / K).backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    before = scaler.get_scale()
+    scaler.step(optimizer)
+    scaler.update()
+    stepped = scaler.get_scale() >= before
+    if stepped:
+        scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return stepped
+
+# %% 7.6 | unscales, then optimizer.step() itself: the inf window updates the weights | expect: scaler.step(optimizer)
+def scaled_step(model, optimizer, scheduler, scaler, micro_batches, max_norm: float) -> bool:
+    K = len(micro_batches)
+    for k, (x, y) in enumerate(micro_batches):
+        with (model.no_sync() if k < K - 1 else contextlib.nullcontext()):
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = F.mse_loss(model(x), y)
+            scaler.scale(loss / K).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    before = scaler.get_scale()
+    optimizer.step()
+    scaler.update()
+    stepped = scaler.get_scale() >= before
+    if stepped:
+        scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return stepped
+
+# %% 7.6 | forgets scaler.update(): the scale never halves | expect: scaler.update()
+def scaled_step(model, optimizer, scheduler, scaler, micro_batches, max_norm: float) -> bool:
+    K = len(micro_batches)
+    for k, (x, y) in enumerate(micro_batches):
+        with (model.no_sync() if k < K - 1 else contextlib.nullcontext()):
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = F.mse_loss(model(x), y)
+            scaler.scale(loss / K).backward()
+    scaler.unscale_(optimizer)
+    found_inf = not all(torch.isfinite(p.grad).all() for p in model.parameters())
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(optimizer)
+    if not found_inf:
+        scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return not found_inf
+
+# %% 7.6 | reports every step as taken | expect: return False when the scaler skipped
+def scaled_step(model, optimizer, scheduler, scaler, micro_batches, max_norm: float) -> bool:
+    K = len(micro_batches)
+    for k, (x, y) in enumerate(micro_batches):
+        with (model.no_sync() if k < K - 1 else contextlib.nullcontext()):
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = F.mse_loss(model(x), y)
+            scaler.scale(loss / K).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    before = scaler.get_scale()
+    scaler.step(optimizer)
+    scaler.update()
+    if scaler.get_scale() >= before:
+        scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return True
+
+# %% 7.6 | forgets ÷K (hidden when clipping is active) | expect: scale each micro-loss ÷ K
+def scaled_step(model, optimizer, scheduler, scaler, micro_batches, max_norm: float) -> bool:
+    K = len(micro_batches)
+    for k, (x, y) in enumerate(micro_batches):
+        with (model.no_sync() if k < K - 1 else contextlib.nullcontext()):
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = F.mse_loss(model(x), y)
+            scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    before = scaler.get_scale()
+    scaler.step(optimizer)
+    scaler.update()
+    stepped = scaler.get_scale() >= before
+    if stepped:
+        scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return stepped

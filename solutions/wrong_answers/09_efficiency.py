@@ -1,0 +1,247 @@
+"""Recorded wrong answers for solutions/09_efficiency.ipynb (format: m11_helpers/grading/wrong_answers.py)."""
+
+# %% 9.1 | forgets to rescale the old output by exp(m − m') | expect: the same exp(m − m') factor
+def online_update(m, l, o, s, v):
+    m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
+    alpha = torch.exp(m - m_new)
+    p = torch.exp(s - m_new)
+    return m_new, alpha * l + p.sum(dim=-1, keepdim=True), o + p @ v
+
+# %% 9.1 | forgets to rescale the old sum | expect: rescale the old sum
+def online_update(m, l, o, s, v):
+    m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
+    alpha = torch.exp(m - m_new)
+    p = torch.exp(s - m_new)
+    return m_new, l + p.sum(dim=-1, keepdim=True), alpha * o + p @ v
+
+# %% 9.1 | keeps only this block's max as the running max | expect: not this block's
+def online_update(m, l, o, s, v):
+    m_new = s.amax(dim=-1, keepdim=True)
+    alpha = torch.exp(m - m_new)
+    p = torch.exp(s - m_new)
+    return m_new, alpha * l + p.sum(dim=-1, keepdim=True), alpha * o + p @ v
+
+# %% 9.1 | delegates to the lesson's online_softmax_update | expect: write it yourself
+from m11_helpers.attention import online_softmax_update
+
+
+def online_update(m, l, o, s, v):
+    return online_softmax_update(m, l, o, s, v)
+
+# %% 9.2 | calls F.scaled_dot_product_attention (the exercise is to write it) | expect: write the tiles yourself
+def my_tiled_attention(q, k, v, block, causal=False):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+# %% 9.2 | calls the fused CPU kernel through torch.ops (around the forbidden function) | expect: library attention kernel
+def my_tiled_attention(q, k, v, block, causal=False):
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, is_causal=causal)[0]
+
+# %% 9.2 | one (block × T) strip of scores per query block: still the s² matrix, in strips | expect: tile by tile
+def my_tiled_attention(q, k, v, block, causal=False):
+    T, D = q.shape[-2], q.shape[-1]
+    outs = []
+    for i0 in range(0, T, block):
+        s = q[..., i0:i0 + block, :] @ k.transpose(-2, -1) / math.sqrt(D)  # (B, H, Bq, T)
+        if causal:
+            rows = s.shape[-2]
+            s = s.masked_fill(torch.arange(T)[None, :] > torch.arange(i0, i0 + rows)[:, None], -math.inf)
+        outs.append(s.softmax(-1) @ v)
+    return torch.cat(outs, dim=-2)
+
+# %% 9.2 | forgets the 1/√D scale | expect: 1/√D
+def my_tiled_attention(q, k, v, block, causal=False):
+    T = q.shape[-2]
+    outs = []
+    for i0 in range(0, T, block):
+        qi = q[..., i0:i0 + block, :]
+        rows = qi.shape[-2]
+        m = qi.new_full((*qi.shape[:-1], 1), -math.inf)
+        l, o = qi.new_zeros((*qi.shape[:-1], 1)), torch.zeros_like(qi)
+        for j0 in range(0, i0 + rows if causal else T, block):
+            kj, vj = k[..., j0:j0 + block, :], v[..., j0:j0 + block, :]
+            s = qi @ kj.transpose(-2, -1)
+            if causal:
+                s = s.masked_fill(torch.arange(j0, j0 + kj.shape[-2])[None, :] > torch.arange(i0, i0 + rows)[:, None],
+                                  -math.inf)
+            m, l, o = online_update(m, l, o, s, vj)
+        outs.append(o / l)
+    return torch.cat(outs, dim=-2)
+
+# %% 9.2 | a softmax per tile, summed (no running max and sum across tiles) | expect: a softmax per tile
+def my_tiled_attention(q, k, v, block, causal=False):
+    T, D = q.shape[-2], q.shape[-1]
+    outs = []
+    for i0 in range(0, T, block):
+        qi = q[..., i0:i0 + block, :] / math.sqrt(D)
+        rows = qi.shape[-2]
+        o = torch.zeros_like(qi)
+        tiles = 0
+        for j0 in range(0, i0 + rows if causal else T, block):
+            kj, vj = k[..., j0:j0 + block, :], v[..., j0:j0 + block, :]
+            s = qi @ kj.transpose(-2, -1)
+            if causal:
+                s = s.masked_fill(torch.arange(j0, j0 + kj.shape[-2])[None, :] > torch.arange(i0, i0 + rows)[:, None],
+                                  -math.inf)
+            o = o + torch.nan_to_num(s.softmax(-1)) @ vj
+            tiles += 1
+        outs.append(o / tiles)
+    return torch.cat(outs, dim=-2)
+
+# %% 9.2 | masks the diagonal too (j < i instead of j ≤ i) | expect: j ≤ i
+def my_tiled_attention(q, k, v, block, causal=False):
+    T, D = q.shape[-2], q.shape[-1]
+    outs = []
+    for i0 in range(0, T, block):
+        qi = q[..., i0:i0 + block, :] / math.sqrt(D)
+        rows = qi.shape[-2]
+        m = qi.new_full((*qi.shape[:-1], 1), -math.inf)
+        l, o = qi.new_zeros((*qi.shape[:-1], 1)), torch.zeros_like(qi)
+        for j0 in range(0, i0 + rows if causal else T, block):
+            kj, vj = k[..., j0:j0 + block, :], v[..., j0:j0 + block, :]
+            s = qi @ kj.transpose(-2, -1)
+            if causal:
+                s = s.masked_fill(torch.arange(j0, j0 + kj.shape[-2])[None, :] >= torch.arange(i0, i0 + rows)[:, None],
+                                  -math.inf)
+            m, l, o = online_update(m, l, o, s, vj)
+        outs.append(o / l)
+    return torch.cat(outs, dim=-2)
+
+# %% 9.2 | masks with a full-block mask, which breaks on a shorter last tile | expect: last tile is shorter
+def my_tiled_attention(q, k, v, block, causal=False):
+    T, D = q.shape[-2], q.shape[-1]
+    outs = []
+    for i0 in range(0, T, block):
+        qi = q[..., i0:i0 + block, :] / math.sqrt(D)
+        m = qi.new_full((*qi.shape[:-1], 1), -math.inf)
+        l, o = qi.new_zeros((*qi.shape[:-1], 1)), torch.zeros_like(qi)
+        for j0 in range(0, i0 + block if causal else T, block):
+            kj, vj = k[..., j0:j0 + block, :], v[..., j0:j0 + block, :]
+            s = qi @ kj.transpose(-2, -1)
+            if causal:
+                s = s.masked_fill(torch.arange(j0, j0 + block)[None, :] > torch.arange(i0, i0 + block)[:, None],
+                                  -math.inf)
+            m, l, o = online_update(m, l, o, s, vj)
+        outs.append(o / l)
+    return torch.cat(outs, dim=-2)
+
+# %% 9.3 | adds up the member kernels' traffic (fusion saves nothing) | expect: stay in registers
+def fused_traffic(graph, groups):
+    total = 0
+    for g in groups:
+        for k in g:
+            kern = graph.kernels[k]
+            total += sum(graph.nbytes[n] for n in kern.reads) + sum(graph.nbytes[n] for n in kern.writes)
+    return total
+
+# %% 9.3 | reads an input once per kernel that uses it, not once per fused kernel | expect: reads each input once
+def fused_traffic(graph, groups):
+    group_of = {k: gi for gi, g in enumerate(groups) for k in g}
+    readers = {}
+    for k, kern in enumerate(graph.kernels):
+        for name in kern.reads:
+            readers.setdefault(name, set()).add(group_of[k])
+    total = 0
+    for gi, g in enumerate(groups):
+        made = {n for k in g for n in graph.kernels[k].writes}
+        total += sum(graph.nbytes[n] for k in g for n in graph.kernels[k].reads if n not in made)
+        stays = {n for n in made if readers.get(n) == {gi} and n not in graph.outputs}
+        total += sum(graph.nbytes[n] for n in made - stays)
+    return total
+
+# %% 9.3 | writes only what the function returns (intermediates a later kernel reads are never written) | expect: writes its results to memory
+def fused_traffic(graph, groups):
+    total = 0
+    for g in groups:
+        made = {n for k in g for n in graph.kernels[k].writes}
+        needed = {n for k in g for n in graph.kernels[k].reads} - made
+        total += sum(graph.nbytes[n] for n in needed) + sum(graph.nbytes[n] for n in made if n in graph.outputs)
+    return total
+
+# %% 9.3 | reads each tensor once in the whole plan, however many groups need it | expect: even if an earlier kernel read them
+def fused_traffic(graph, groups):
+    group_of = {k: gi for gi, g in enumerate(groups) for k in g}
+    readers = {}
+    for k, kern in enumerate(graph.kernels):
+        for name in kern.reads:
+            readers.setdefault(name, set()).add(group_of[k])
+    total, seen = 0, set()
+    for gi, g in enumerate(groups):
+        made = {n for k in g for n in graph.kernels[k].writes}
+        needed = {n for k in g for n in graph.kernels[k].reads} - made - seen
+        seen |= needed | made
+        stays = {n for n in made if readers.get(n) == {gi} and n not in graph.outputs}
+        total += sum(graph.nbytes[n] for n in needed | (made - stays))
+    return total
+
+# %% 9.3 | delegates to fusion.group_traffic | expect: yourself
+def fused_traffic(graph, groups):
+    return fusion.group_traffic(graph, groups)
+
+# %% 9.4 | adds up event durations (nested ops counted twice) | expect: never add durations
+def step_split(events):
+    steps = [e for e in events if e.name == "train_step"]
+    wall = sum(e.end - e.start for e in steps)
+    comm = sum(e.end - e.start for e in events if is_comm(e.name))
+    compute = sum(e.end - e.start for e in events
+                  if e.thread == steps[0].thread and e.name.startswith("aten::") and not is_comm(e.name))
+    return {"wall": wall, "comm": comm, "compute": compute, "other": wall - comm - compute}
+
+# %% 9.4 | counts communication on the training thread only (misses gloo's threads) | expect: every thread
+def step_split(events):
+    def union(intervals):
+        total, end = 0.0, -math.inf
+        for s, e in sorted(intervals):
+            if e > end:
+                total += e - max(s, end)
+                end = e
+        return total
+
+    steps = [e for e in events if e.name == "train_step"]
+    main, windows = steps[0].thread, [(e.start, e.end) for e in steps]
+    inside = lambda iv: [(max(s, a), min(e, b)) for s, e in iv for a, b in windows if min(e, b) > max(s, a)]
+    comm = inside([(e.start, e.end) for e in events if is_comm(e.name) and e.thread == main])
+    compute = inside([(e.start, e.end) for e in events
+                      if e.thread == main and e.name.startswith("aten::") and not is_comm(e.name)])
+    wall, comm_t, busy = union(windows), union(comm), union(comm + compute)
+    return {"wall": wall, "comm": comm_t, "compute": busy - comm_t, "other": wall - busy}
+
+# %% 9.4 | counts compute that overlaps a collective twice | expect: counts as communication
+def step_split(events):
+    def union(intervals):
+        total, end = 0.0, -math.inf
+        for s, e in sorted(intervals):
+            if e > end:
+                total += e - max(s, end)
+                end = e
+        return total
+
+    steps = [e for e in events if e.name == "train_step"]
+    main, windows = steps[0].thread, [(e.start, e.end) for e in steps]
+    inside = lambda iv: [(max(s, a), min(e, b)) for s, e in iv for a, b in windows if min(e, b) > max(s, a)]
+    comm = union(inside([(e.start, e.end) for e in events if is_comm(e.name)]))
+    compute = union(inside([(e.start, e.end) for e in events
+                            if e.thread == main and e.name.startswith("aten::") and not is_comm(e.name)]))
+    wall = union(windows)
+    return {"wall": wall, "comm": comm, "compute": compute, "other": wall - comm - compute}
+
+# %% 9.4 | does not clip events to the train_step windows | expect: inside the train_step windows
+def step_split(events):
+    def union(intervals):
+        total, end = 0.0, -math.inf
+        for s, e in sorted(intervals):
+            if e > end:
+                total += e - max(s, end)
+                end = e
+        return total
+
+    steps = [e for e in events if e.name == "train_step"]
+    main = steps[0].thread
+    comm = [(e.start, e.end) for e in events if is_comm(e.name)]
+    compute = [(e.start, e.end) for e in events
+               if e.thread == main and e.name.startswith("aten::") and not is_comm(e.name)]
+    wall, comm_t, busy = union([(e.start, e.end) for e in steps]), union(comm), union(comm + compute)
+    return {"wall": wall, "comm": comm_t, "compute": busy - comm_t, "other": wall - busy}
+
+# %% 9.4 | delegates to profiling.split_events | expect: split the events yourself
+def step_split(events):
+    return profiling.split_events(events)

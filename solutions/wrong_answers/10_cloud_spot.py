@@ -1,0 +1,268 @@
+"""Recorded wrong answers for solutions/10_cloud_spot.ipynb (format: m11_helpers/grading/wrong_answers.py)."""
+
+# %% 10.1 | rounds Young's interval into a count | expect: Young's τ rounded
+def best_checkpoint_count(work_seconds, checkpoint_seconds, mtbf_seconds):
+    tau = math.sqrt(2 * checkpoint_seconds * mtbf_seconds)
+    return max(0, round(work_seconds / tau) - 1)
+
+# %% 10.1 | returns the number of segments, not of checkpoints | expect: number of segments
+def best_checkpoint_count(work_seconds, checkpoint_seconds, mtbf_seconds):
+    def survive(length):
+        return mtbf_seconds * math.expm1(length / mtbf_seconds)
+
+    def wall(segments):
+        tau = work_seconds / segments
+        return (segments - 1) * survive(tau + checkpoint_seconds) + survive(tau)
+
+    k = 1
+    while wall(k + 1) < wall(k):
+        k += 1
+    return k
+
+# %% 10.1 | checkpoints after the last segment too | expect: no checkpoint after the last segment
+def best_checkpoint_count(work_seconds, checkpoint_seconds, mtbf_seconds):
+    def wall(n):
+        tau = work_seconds / (n + 1)
+        return (n + 1) * mtbf_seconds * math.expm1((tau + checkpoint_seconds) / mtbf_seconds)
+
+    n = 0
+    while wall(n + 1) < wall(n):
+        n += 1
+    return n
+
+# %% 10.1 | a checkpoint cannot be interrupted (adds δ outside the exposure) | expect: interrupt a checkpoint too
+def best_checkpoint_count(work_seconds, checkpoint_seconds, mtbf_seconds):
+    def wall(n):
+        tau = work_seconds / (n + 1)
+        return (n + 1) * mtbf_seconds * math.expm1(tau / mtbf_seconds) + n * checkpoint_seconds
+
+    n = 0
+    while wall(n + 1) < wall(n):
+        n += 1
+    return n
+
+# %% 10.1 | delegates to cloud.best_checkpoint_count | expect: yourself
+def best_checkpoint_count(work_seconds, checkpoint_seconds, mtbf_seconds):
+    return cloud.best_checkpoint_count(work_seconds, checkpoint_seconds, mtbf_seconds)
+
+# %% 10.2 | torch.save into a buffer, then writes path in place + fsync (not atomic) | expect: itself for writing
+def my_atomic_save(obj, path) -> None:
+    import io
+
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    with open(path, "wb") as f:
+        f.write(buf.getvalue())
+        f.flush()
+        os.fsync(f.fileno())
+
+# %% 10.2 | temporary file, then copies it over the checkpoint | expect: itself for writing
+def my_atomic_save(obj, path) -> None:
+    import shutil
+
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+    shutil.copyfile(tmp, path)
+    tmp.unlink()
+
+# %% 10.2 | renames without fsync (the bytes may be only in the page cache) | expect: fsync the temporary file before the rename
+def my_atomic_save(obj, path) -> None:
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+# %% 10.2 | fsyncs after the rename | expect: fsync the temporary file before the rename
+def my_atomic_save(obj, path) -> None:
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+    fd = os.open(path, os.O_RDONLY)
+    os.fsync(fd)
+    os.close(fd)
+
+# %% 10.2 | delegates to fault_tolerance.atomic_save | expect: yourself
+def my_atomic_save(obj, path) -> None:
+    atomic_save(obj, path)
+
+# %% 10.3 | ignores the restart cost | expect: restart
+def break_even_preemptions(discount, checkpoint_seconds, restart_seconds):
+    def ratio(rate):
+        m = 3600 / rate
+        tau = cloud.young_interval(checkpoint_seconds, m)
+        return (1 - discount) * cloud.expected_wall_time(1.0, tau, checkpoint_seconds, m)
+
+    lo, hi = 1e-6, 1e4
+    while hi / lo > 1 + 1e-9:
+        mid = math.sqrt(lo * hi)
+        lo, hi = (lo, mid) if ratio(mid) > 1 else (mid, hi)
+    return math.sqrt(lo * hi)
+
+# %% 10.3 | lets spot take 1 + discount times as long, not 1/(1 − discount) | expect: 1/(1 − discount)
+def break_even_preemptions(discount, checkpoint_seconds, restart_seconds):
+    def slowdown(rate):
+        m = 3600 / rate
+        tau = cloud.young_interval(checkpoint_seconds, m)
+        return cloud.expected_wall_time(1.0, tau, checkpoint_seconds, m, restart_seconds)
+
+    lo, hi = 1e-6, 1e4
+    while hi / lo > 1 + 1e-9:
+        mid = math.sqrt(lo * hi)
+        lo, hi = (lo, mid) if slowdown(mid) > 1 + discount else (mid, hi)
+    return math.sqrt(lo * hi)
+
+# %% 10.3 | returns preemptions per second | expect: per second
+def break_even_preemptions(discount, checkpoint_seconds, restart_seconds):
+    def ratio(rate_per_second):
+        m = 1 / rate_per_second
+        tau = cloud.young_interval(checkpoint_seconds, m)
+        return (1 - discount) * cloud.expected_wall_time(1.0, tau, checkpoint_seconds, m, restart_seconds)
+
+    lo, hi = 1e-9, 1.0
+    while hi / lo > 1 + 1e-9:
+        mid = math.sqrt(lo * hi)
+        lo, hi = (lo, mid) if ratio(mid) > 1 else (mid, hi)
+    return math.sqrt(lo * hi)
+
+# %% 10.3 | Young's first-order waste instead of the full model | expect: (1 − discount) × its expected wall time
+def break_even_preemptions(discount, checkpoint_seconds, restart_seconds):
+    # waste at Young's optimum ≈ √(2δ/M) + R/M: (1 − d)(1 + √(2δλ) + Rλ) = 1, a quadratic in √λ (λ per second)
+    a, b, c = restart_seconds, math.sqrt(2 * checkpoint_seconds), 1 - 1 / (1 - discount)
+    root = (-b + math.sqrt(b * b - 4 * a * c)) / (2 * a)
+    return root ** 2 * 3600
+
+# %% 10.3 | delegates to cloud.spot_cost | expect: yourself
+def break_even_preemptions(discount, checkpoint_seconds, restart_seconds):
+    lo, hi = 1e-6, 1e4
+    while hi / lo > 1 + 1e-9:
+        mid = math.sqrt(lo * hi)
+        saving = cloud.spot_cost(1, 1.0, discount, mid, checkpoint_seconds, restart_seconds)["saving"]
+        lo, hi = (lo, mid) if saving < 0 else (mid, hi)
+    return math.sqrt(lo * hi)
+
+# %% 10.4 | forgets the RNG state | expect: RNG state
+def capture(model, opt, step):
+    return {"model": model.state_dict(), "opt": opt.state_dict(), "step": step}
+
+
+def restore(state, model, opt):
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["opt"])
+    return state["step"]
+
+# %% 10.4 | reseeds from the step instead of restoring the RNG state | expect: reseeding
+def capture(model, opt, step):
+    return {"model": model.state_dict(), "opt": opt.state_dict(), "step": step}
+
+
+def restore(state, model, opt):
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["opt"])
+    torch.manual_seed(1000 + state["step"] + dist.get_rank())
+    return state["step"]
+
+# %% 10.4 | saves the weights only (a fresh AdamW) | expect: AdamW's exp_avg
+def capture(model, opt, step):
+    return {"model": model.state_dict(), "rng": torch.get_rng_state(), "step": step}
+
+
+def restore(state, model, opt):
+    model.load_state_dict(state["model"])
+    torch.set_rng_state(state["rng"])
+    return state["step"]
+
+# %% 10.4 | restore returns the last step done (off by one) | expect: the next step to run
+def capture(model, opt, step):
+    return {"model": model.state_dict(), "opt": opt.state_dict(), "rng": torch.get_rng_state(), "step": step}
+
+
+def restore(state, model, opt):
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["opt"])
+    torch.set_rng_state(state["rng"])
+    return state["step"] - 1
+
+# %% 10.5 | each rank stops on its own notice (no agreement) | expect: the ranks hung
+def run_until_preempted(train_step, num_steps, save):
+    notice = {"received": False}
+    signal.signal(signal.SIGTERM, lambda signum, frame: notice.update(received=True))
+    for step in range(num_steps):
+        if notice["received"]:
+            save(step)
+            return step
+        train_step(step)
+    return num_steps
+
+# %% 10.5 | agrees with MIN (stops only when every rank got the notice) | expect: ANY rank
+def run_until_preempted(train_step, num_steps, save):
+    notice = {"received": False}
+    signal.signal(signal.SIGTERM, lambda signum, frame: notice.update(received=True))
+    for step in range(num_steps):
+        flag = torch.tensor([1.0 if notice["received"] else 0.0])
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        if flag.item() > 0:
+            save(step)
+            return step
+        train_step(step)
+    return num_steps
+
+# %% 10.5 | agrees with SUM and tests the sum == 1 | expect: number of ranks that got it
+def run_until_preempted(train_step, num_steps, save):
+    notice = {"received": False}
+    signal.signal(signal.SIGTERM, lambda signum, frame: notice.update(received=True))
+    for step in range(num_steps):
+        flag = torch.tensor([1.0 if notice["received"] else 0.0])
+        dist.all_reduce(flag)
+        if flag.item() == 1.0:
+            save(step)
+            return step
+        train_step(step)
+    return num_steps
+
+# %% 10.5 | the handler saves at once (mid-step), then the ranks agree | expect: the signal handler ran save()
+def run_until_preempted(train_step, num_steps, save):
+    state = {"received": False, "step": 0}
+
+    def on_sigterm(signum, frame):
+        save(state["step"])  # "the notice is short: save right away"
+        state["received"] = True
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    for step in range(num_steps):
+        state["step"] = step
+        flag = torch.tensor([1.0 if state["received"] else 0.0])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if flag.item() > 0:
+            save(step)
+            return step
+        train_step(step)
+    return num_steps
+
+# %% 10.5 | checks the notice every 4 steps only | expect: first step boundary after the notice
+def run_until_preempted(train_step, num_steps, save):
+    notice = {"received": False}
+    signal.signal(signal.SIGTERM, lambda signum, frame: notice.update(received=True))
+    for step in range(num_steps):
+        if step % 4 == 0:
+            flag = torch.tensor([1.0 if notice["received"] else 0.0])
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            if flag.item() > 0:
+                save(step)
+                return step
+        train_step(step)
+    return num_steps
+
+# %% 10.5 | delegates to fault_tolerance.PreemptionNotice | expect: write the handler and the agreement
+def run_until_preempted(train_step, num_steps, save):
+    notice = PreemptionNotice()
+    for step in range(num_steps):
+        if notice.agreed():
+            save(step)
+            return step
+        train_step(step)
+    return num_steps
