@@ -16,7 +16,7 @@ Policies on the course's TinyGPT (`m11_helpers.models`), all with `torch.utils.c
                   (Korthikanti et al. 2022, §4.2).
 `context_fn` is handed to every checkpoint: `selective_checkpointing.sac_context` turns "blocks" into
 PyTorch's selective activation checkpointing. What each policy keeps is measured by
-`checkpoint_measure`; the bytes a model keeps are modelled by `m11_helpers.activations`. Lesson 08.
+`activation_costs`; the bytes a model keeps are modelled by `m11_helpers.activations`. Lesson 08.
 """
 
 from __future__ import annotations
@@ -29,10 +29,13 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from m11_helpers.activations import RECOMPUTE, activation_bytes
+from m11_helpers.config import TransformerConfig, param_count
+from m11_helpers.model_states import model_state_bytes
 from m11_helpers.validate import non_negative_int, non_negative_real, one_of, positive_int
 
 __all__ = ["POLICIES", "sqrt_segments", "segment_bounds", "chen_memory", "partial_peak", "fewest_checkpointed",
-           "checkpointed_blocks", "gpt_forward", "core_attention"]
+           "checkpointed_blocks", "device_memory", "gpt_forward", "llama_forward", "core_attention"]
 
 POLICIES = ("none", "blocks", "segments", "sqrt", "first", "last", "attention")
 
@@ -114,6 +117,20 @@ def checkpointed_blocks(layers: int, policy: str, *, segments: int | None = None
     return [(s, e, True) for s, e in segment_bounds(L, k)]  # every segment checkpointed, the last one too
 
 
+def device_memory(cfg: TransformerConfig, micro_batch: int, *, seq_len: int | None = None, recompute: str = "none",
+                  flash: bool = True, gpus: int = 8, layout: str = "deepspeed", zero_stage: int = 3) -> dict:
+    """Bytes one GPU holds at the worst moment of a step: model states (ZeRO §5.1) + activations + recompute transient.
+
+    Model states from `model_states.model_state_bytes`, activations and the transient (one layer rebuilt, or
+    one core attention) from `activations.activation_bytes` (Korthikanti et al. 2022, §4). The lab's arithmetic.
+    """
+    one_of("recompute", recompute, RECOMPUTE)
+    acts = activation_bytes(cfg, micro_batch, seq_len=seq_len, recompute=recompute, flash=flash)
+    states = model_state_bytes(param_count(cfg), layout, gpus, zero_stage)["total"]
+    return {"model states": states, "activations": acts["total"], "transient": acts["transient"],
+            "total": states + acts["total"] + acts["transient"]}
+
+
 # ---------------------------------------------------------------------------------------------
 # Policies on the tiny GPT
 # ---------------------------------------------------------------------------------------------
@@ -164,6 +181,21 @@ def gpt_forward(model: nn.Module, idx: torch.Tensor, targets: torch.Tensor | Non
         else:
             x = _run_blocks(blocks[s:e], x)  # (B, T, C), every activation kept
     logits = model.head(model.ln_f(x))  # (B, T, vocab)
+    if targets is None:
+        return logits
+    return F.cross_entropy(logits.view(B * T, -1), targets.view(B * T))
+
+
+def llama_forward(model: nn.Module, idx: torch.Tensor, targets: torch.Tensor | None = None, *,
+                  context_fn: Callable | None = None):
+    """TinyLlama's forward (same numbers as `model(idx, targets)`) with every layer its own checkpoint."""
+    extra = {} if context_fn is None else {"context_fn": context_fn}
+    B, T = idx.shape
+    cos, sin = model.rope_cos[:T], model.rope_sin[:T]  # (T, d)
+    x = model.embed_tokens(idx)  # (B, T, C)
+    for block in model.layers:
+        x = checkpoint(block, x, cos, sin, use_reentrant=False, **extra)  # keeps x: (B, T, C)
+    logits = model.lm_head(model.norm(x))  # (B, T, vocab)
     if targets is None:
         return logits
     return F.cross_entropy(logits.view(B * T, -1), targets.view(B * T))

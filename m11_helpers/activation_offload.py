@@ -11,7 +11,7 @@ when backward needs it. `save_on_cpu` packs a host copy of *every* saved tensor 
 torch.autograd.graph.save_on_cpu): with `pin_memory=True` it copies even on a CPU, as it does from a
 GPU. Among the saves are the weights: a Linear saves `weight.t()` (a view, not the Parameter), so every
 step copies the model's matmul weights to the host and back, and a tensor saved by two ops is copied
-twice. `offload_hooks` leaves anything that shares a parameter's storage on the device. On a GPU the
+twice. `offload_hooks` leaves anything that shares a parameter's (or buffer's) storage on the device. On a GPU the
 copies cross PCIe twice per step (out in forward, back in backward); on a CPU, where the device *is* the
 host, the copies only show what would move. Lesson 08, exercise 8.3.
 """
@@ -52,6 +52,7 @@ class OffloadLog:
 
     params: set = field(default_factory=set)  # storage keys of the watched modules' parameters and buffers
     saves: list = field(default_factory=list)  # (nbytes, is_parameter, copied, shape) per pack call
+    handles: int = 0  # pack calls that returned no tensor at all (a key into a store the hook keeps itself)
     storages: list = field(default_factory=list)  # nbytes of every distinct activation storage saved
     _seen: dict = field(default_factory=dict, repr=False)  # id(storage) -> weak ref: storages already counted
     _host: dict = field(default_factory=dict, repr=False)  # id(storage) -> (weak ref, nbytes) of the copies made
@@ -63,7 +64,7 @@ class OffloadLog:
 
     @property
     def param_bytes_copied(self) -> int:
-        """Bytes of parameters (or views of them) the hook copied: weights that live on the device anyway."""
+        """Bytes of parameters and buffers (or views of them) the hook copied: they live on the device anyway."""
         return sum(n for n, is_param, copied, _ in self.saves if is_param and copied)
 
     @property
@@ -86,6 +87,7 @@ class OffloadLog:
 
     def _record(self, t: torch.Tensor, packed: Any) -> None:
         out = _tensors(packed)
+        self.handles += not out
         mine = _key(t)
         copied = bool(out) and all(_key(o) != mine for o in out)
         self.saves.append((t.numel() * t.element_size(), mine in self.params, copied, tuple(t.shape)))
@@ -125,11 +127,11 @@ def save_on_cpu_hooks(pin_memory: bool = True) -> tuple[Callable, Callable]:
 
 
 def offload_hooks(model: nn.Module) -> tuple[Callable, Callable]:
-    """Offload saved activations to the host; anything sharing a parameter's storage stays where it is."""
+    """Offload saved activations to the host; anything sharing a parameter's or buffer's storage stays where it is."""
     params = param_storage_ptrs([model])
 
     def pack(t: torch.Tensor):
-        if _key(t) in params:  # a parameter, or a view of one (a Linear saves weight.t()): already on the device
+        if _key(t) in params:  # a parameter or buffer, or a view of one (a Linear saves weight.t()): on the device
             return None, t
         pinned = t.device.type != "cpu" and torch.cuda.is_available()  # pinned host memory: asynchronous copies
         host = torch.empty(t.size(), dtype=t.dtype, pin_memory=pinned)

@@ -2,9 +2,13 @@
 
     notice = PreemptionNotice()                 # SIGTERM (the spot notice) only sets a flag
     ...
-    if notice.agreed():                         # all_reduce(flag, MAX): every rank stops at the SAME step
-        save_checkpoint(state, "ckpt/last.pt")  # rank 0: temp file + fsync + rename
+    if notice.agreed(device=device):            # all_reduce(flag, MAX): every rank stops at the SAME step
+        atomic_save(state, "ckpt/last.pt")      # rank 0: temp file + fsync + rename
     state = load_checkpoint("ckpt/last.pt")     # torch.load(weights_only=True): no code runs on load
+
+One file written by rank 0 suits a small replicated model (lesson 10's exercises, `scripts/train_spot.py`);
+sharded models use `m11_helpers.sharded_checkpoint` (DCP: every rank its shards, any world size on load),
+which reuses `rng_state`, `set_rng_state` and `fsync_dir` from here.
 
 Why each piece (Lesson 10):
 - A signal handler must not do I/O or collectives (it runs between two bytecodes of whatever the rank

@@ -50,7 +50,7 @@ from m11_helpers.timing import time_it
 from m11_helpers.validate import positive_int, positive_real
 
 __all__ = [
-    "cpu_flags", "bf16_hardware", "TORCH_DTYPES", "measure_matmul", "copy_bandwidth", "measure_copy_bandwidth",
+    "cpu_flags", "bf16_hardware", "TORCH_DTYPES", "measure_matmul", "copy_bandwidth",
     "measure_kernels", "ping_pong", "ping_pong_sweep", "fit_latency_bandwidth", "measured_chip", "device_choices",
     # re-exported formulas
     "matmul_flops", "matmul_bytes", "matmul_intensity", "arithmetic_intensity", "ridge_point", "attainable_flops",
@@ -124,11 +124,6 @@ def copy_bandwidth(nbytes: int = 64 * 2**20, device="cpu", repeats: int = 3) -> 
     src = torch.ones(nbytes, dtype=torch.uint8, device=device)  # (S,) touched: no page faults in the timing
     dst = torch.zeros_like(src)  # (S,)
     return 2 * nbytes / _median_seconds(lambda: dst.copy_(src), device, repeats)
-
-
-def measure_copy_bandwidth(megabytes: float = 128, device="cpu", repeats: int = 3) -> float:
-    """`copy_bandwidth` with the size in MB (1e6 bytes): kept for the benchmarks that call it by this name."""
-    return copy_bandwidth(int(positive_real("megabytes", megabytes) * 1e6), device, repeats)
 
 
 def measure_kernels(device="cpu", dtype="fp32", repeats: int = 3, vector_mb: float = 64) -> list[dict]:

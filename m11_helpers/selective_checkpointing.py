@@ -12,7 +12,7 @@ MUST_RECOMPUTE / PREFER_RECOMPUTE recompute it. `op` is an OpOverload such as `t
 not `torch.mm`. torchtitan's default "op" SAC keeps matmuls and the attention kernels; Korthikanti et
 al. 2022 (§4.2) keep everything but the core attention. Which of the two uses less memory depends on what
 the saved ops' outputs weigh: measured in lesson 08. The cached outputs are not saved through autograd's
-saved-tensor hooks, so `m11_helpers.memory` does not see them: measure with `checkpoint_measure`.
+saved-tensor hooks, so `m11_helpers.memory` does not see them: measure with `activation_costs`.
 """
 
 from __future__ import annotations
@@ -21,9 +21,11 @@ import functools
 from typing import Callable, Iterable
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode  # documented in PyTorch's TorchDispatchMode docs
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
-__all__ = ["LINEAR_MATMULS", "ALL_MATMULS", "ATTENTION_KERNELS", "matmul_policy", "save_ops_policy", "sac_context"]
+__all__ = ["LINEAR_MATMULS", "ALL_MATMULS", "ATTENTION_KERNELS", "matmul_policy", "save_ops_policy", "sac_context",
+           "matmul_outputs"]
 
 aten = torch.ops.aten
 LINEAR_MATMULS = frozenset({aten.mm.default, aten.addmm.default})  # nn.Linear on 2-D views of (B, T, C)
@@ -53,3 +55,22 @@ def sac_context(policy: Callable[..., CheckpointPolicy] = matmul_policy) -> Call
     if not callable(policy):
         raise ValueError(f"policy must be a callable (ctx, op, *args, **kwargs) -> CheckpointPolicy, got {policy!r}")
     return functools.partial(create_selective_checkpoint_contexts, policy)
+
+
+class _Outputs(TorchDispatchMode):
+    def __init__(self, ops):
+        super().__init__()
+        self.ops, self.nbytes = ops, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func in self.ops:
+            self.nbytes.append(out.untyped_storage().nbytes())
+        return out
+
+
+def matmul_outputs(module: torch.nn.Module, *args, ops: Iterable = LINEAR_MATMULS) -> list[int]:
+    """Bytes of each output of `ops` (the Linear matmuls), in the order one forward of `module(*args)` runs them."""
+    with torch.no_grad(), _Outputs(frozenset(ops)) as seen:
+        module(*args)
+    return seen.nbytes

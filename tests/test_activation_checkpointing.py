@@ -12,16 +12,16 @@ import torch
 from torch.testing import assert_close
 
 from m11_helpers.activation_checkpointing import (
-    chen_memory,
     checkpointed_blocks,
+    chen_memory,
     fewest_checkpointed,
     gpt_forward,
     partial_peak,
     segment_bounds,
     sqrt_segments,
 )
+from m11_helpers.activation_costs import choose_policy, measure_policies, measure_step, step_flops
 from m11_helpers.activations import activation_bytes
-from m11_helpers.checkpoint_measure import choose_policy, measure_policies, measure_step, step_flops
 from m11_helpers.config import TINY_GPT
 from m11_helpers.data import tokens
 from m11_helpers.live_memory import warm_up

@@ -7,8 +7,8 @@ import torch
 from torch import nn
 from torch.testing import assert_close
 
+from m11_helpers.activation_costs import measure_step
 from m11_helpers.activation_offload import offload_hooks, record_offload, save_on_cpu_hooks
-from m11_helpers.checkpoint_measure import measure_step
 from m11_helpers.config import TINY_GPT
 from m11_helpers.data import tokens
 from m11_helpers.live_memory import warm_up

@@ -26,7 +26,6 @@ from m11_helpers.hardware import (
     cpu_flags,
     device_choices,
     fit_latency_bandwidth,
-    measure_copy_bandwidth,
     measure_kernels,
     measure_matmul,
     measured_chip,
@@ -208,7 +207,7 @@ def test_chip_lookup_and_validation():
 def test_measurements_return_positive_rates():
     assert measure_matmul(32, "fp32", repeats=1) > 0
     assert measure_matmul(32, "bf16", repeats=1) > 0
-    assert measure_copy_bandwidth(1, repeats=1) > 0 and copy_bandwidth(2**20, repeats=1) > 0
+    assert copy_bandwidth(2**20, repeats=1) > 0
     rows = measure_kernels(repeats=1, vector_mb=1)
     assert [r["kernel"] for r in rows][:2] == ["x + y", "2·x + y"]
     intensities = [r["intensity"] for r in rows]
@@ -223,7 +222,6 @@ def test_copy_bandwidth_counts_read_plus_write(monkeypatch):
     # the course's one convention (STREAM "Copy"): a copy of S bytes in t seconds is 2S/t
     monkeypatch.setattr(hardware, "time_it", lambda fn, **kw: (fn(), Timing((0.5,)))[1])
     assert copy_bandwidth(1000, repeats=1) == 4000
-    assert measure_copy_bandwidth(0.001, repeats=1) == 4000
     with pytest.raises(ValueError, match="nbytes"):
         copy_bandwidth(0)
 

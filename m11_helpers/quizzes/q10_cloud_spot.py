@@ -14,8 +14,8 @@ QUESTIONS = [
              ["Nothing: an async save is free, keep the interval", f"It halves, to {_TAU[30]:.1f} min",
               f"It falls 4×, to {_TAU[120] / 4:.1f} min", "It doubles: cheaper saves can be rarer"], 1,
              ["A save that costs less makes more of them worth writing: the interval moves.",
-              "Right: τ = √(2δM) grows with the square root of δ: 4× cheaper saves, half the interval, and half the "
-              "work lost per failure.",
+              "Right: τ = √(2δM) grows with the square root of δ: 4× cheaper saves, half the interval, and "
+              "half the work lost per failure.",
               "τ is proportional to √δ, not to δ.",
               "The other way round: cheaper checkpoints are worth writing more often."],
              transfer=True),

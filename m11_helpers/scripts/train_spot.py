@@ -1,13 +1,14 @@
 """A preemptible training run: SIGTERM (the spot notice) -> ranks agree -> atomic checkpoint -> exit; --resume continues bit-exactly.
 
-    launch_script("scripts/train_spot.py", "--ckpt-dir", "ckpt", "--preempt-at", "12", check=False)  # notice at step 12
-    launch_script("scripts/train_spot.py", "--ckpt-dir", "ckpt", "--resume")                          # finish the run
-    ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 2 course/scripts/train_spot.py --ckpt-dir ckpt
+    launch_script("train_spot.py", "--ckpt-dir", "ckpt", "--preempt-at", "12", check=False)  # notice at step 12
+    launch_script("train_spot.py", "--ckpt-dir", "ckpt", "--resume")                          # finish the run
+    ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 2 $(m11 script train_spot.py) --ckpt-dir ckpt
 
 The notice is the real signal path: with --preempt-at K rank 0 sends SIGTERM to its parent, the
 `accelerate launch` (torchrun) agent, which forwards it to every rank, exactly as when the cloud (or
 `kill -TERM`, or SLURM's `--signal`) signals the job. --kill-at K is the hard case: every rank gets
-SIGKILL, no notice; only the periodic checkpoints (--ckpt-every) survive. Lesson 10.
+SIGKILL, no notice; only the periodic checkpoints (--ckpt-every) survive. Lesson 10 (its tests; the lesson
+itself runs the sharded reference script, `train.py`).
 
 --accelerate-state does the same with Accelerate's own tools: `acc.save_state(folder)` (every rank's RNG,
 model, optimizer, and the scheduler registered with `acc.register_for_checkpointing`) plus the step in a
@@ -157,7 +158,7 @@ def batches():
 
 losses, preempted_at = [], None
 for step, (xb, yb) in batches():
-    if notice.agreed():  # one all_reduce(MAX): every rank leaves at this same step
+    if notice.agreed(device=acc.device):  # one all_reduce(MAX) on the training device (NCCL reduces no CPU tensor)
         save(step, "preempted.pt")  # `step` = the next step to run
         preempted_at = step
         if acc.is_main_process:
