@@ -18,8 +18,8 @@ import argparse
 import torch
 
 from m11_helpers.data import tokens
-from m11_helpers.mixed_precision import cpu_16bit_support
 from m11_helpers.models import tiny_gpt
+from m11_helpers.precision_speed import cpu_16bit_support
 from m11_helpers.timing import time_it
 
 

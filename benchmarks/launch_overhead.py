@@ -7,7 +7,7 @@
    starts fresh interpreters, each importing torch: what a learner would otherwise pay from a
    notebook. Target: ratio <= 1.3.
 2. `launch_script(script)` against a bare `accelerate launch` of the same script, 2 ranks: the price
-   of the supervisor that stops the whole tree when the caller dies (`m11_helpers.procs.tethered`),
+   of the supervisor that stops the whole tree when the caller dies (`m11_helpers.tether.tethered`),
    of reading the results and of retagging the output. Target: ratio <= 1.1.
 3. The supervisor alone: `python -c pass` through `tethered_popen` against a plain `Popen`.
 4. How long a tethered tree outlives a SIGKILLed caller: from the caller's death to the moment
@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 from m11_helpers.launch import launch, launch_script
-from m11_helpers.procs import tethered_popen
+from m11_helpers.tether import tethered_popen
 from m11_helpers.timing import Timing, format_seconds, time_it
 
 WORLD = 4
@@ -57,7 +57,7 @@ SCRIPT = textwrap.dedent("""
 
 CALLER = textwrap.dedent("""
     import sys, time
-    from m11_helpers.procs import tethered_popen
+    from m11_helpers.tether import tethered_popen
     tethered_popen([sys.executable, "-c", "import time; time.sleep(60)"])
     print("started", flush=True)
     time.sleep(60)

@@ -20,6 +20,7 @@ Measured equal, byte for byte, on real ranks (tests/test_capstone.py). Lesson 11
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 
@@ -79,13 +80,11 @@ def layout_of(flags: Flags) -> str:
     return "autocast" if flags.bf16 else "fp32"
 
 
-def param_shapes(cfg: TransformerConfig = TINY_GPT) -> list[tuple[int, ...]]:
+@functools.cache
+def param_shapes(cfg: TransformerConfig = TINY_GPT) -> tuple[tuple[int, ...], ...]:
     """Shapes of the tiny GPT's distinct parameters (a tied one once), built on the meta device: no memory."""
-    from m11_helpers.models import TinyGPT
-
-    with torch.device("meta"):
-        model = TinyGPT(cfg)
-    return [tuple(p.shape) for p in model.parameters()]  # parameters() yields a tied tensor once
+    blocks, root = fsdp_units(cfg)
+    return blocks + root
 
 
 def fsdp_local_numel(shape: tuple[int, ...], world_size: int, rank: int) -> int:
@@ -110,15 +109,18 @@ def rank_model_states(shapes: list[tuple[int, ...]], world_size: int, flags: Fla
             "optimizer": (b["master"] + b["optimizer"]) * local + STEP_BYTES * len(shapes), "local_params": local}
 
 
-def fsdp_units(cfg: TransformerConfig = TINY_GPT) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
-    """(shapes in the blocks, shapes of the root): the script shards each block, then the root (the rest)."""
+@functools.cache
+def fsdp_units(cfg: TransformerConfig = TINY_GPT) -> tuple[tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...]]:
+    """(shapes in the blocks, shapes of the root): the script shards each block, then the root (the rest).
+
+    From the tiny GPT built on the meta device (no memory); parameters() yields a tied tensor once."""
     from m11_helpers.models import TinyGPT
 
     with torch.device("meta"):
         model = TinyGPT(cfg)
     inner = {id(p) for b in model.blocks for p in b.parameters()}
-    blocks = [tuple(p.shape) for p in model.parameters() if id(p) in inner]
-    return blocks, [tuple(p.shape) for p in model.parameters() if id(p) not in inner]
+    blocks = tuple(tuple(p.shape) for p in model.parameters() if id(p) in inner)
+    return blocks, tuple(tuple(p.shape) for p in model.parameters() if id(p) not in inner)
 
 
 def comm_elements(flags: Flags, world_size: int, cfg: TransformerConfig = TINY_GPT) -> dict:

@@ -1,7 +1,7 @@
-"""Gradient clipping by global norm, a loss-spike demo, and a NaN hunter (lesson 06).
+"""Gradient clipping by global norm, and the loss spike it prevents (lesson 06).
 
     total = clip_grad_norm_global_(model.parameters(), max_norm=1.0)   # == torch.nn.utils.clip_grad_norm_
-    hit = find_first_nonfinite(model, idx)       # the first module whose output holds inf/NaN
+    norm = sharded_grad_norm(my_params)          # the global norm when each rank holds a shard of the grads
     losses = loss_spike_run(max_norm=1.0)        # training with one bad batch, clipped or not
 
 Source: Pascanu, Mikolov & Bengio 2013, "On the difficulty of training recurrent neural networks",
@@ -10,7 +10,6 @@ Source: Pascanu, Mikolov & Bengio 2013, "On the difficulty of training recurrent
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Iterable
 
 import torch
@@ -18,6 +17,8 @@ import torch.distributed as dist
 from torch import nn
 
 from m11_helpers.validate import positive_real
+
+__all__ = ["global_grad_norm", "clip_grad_norm_global_", "sharded_grad_norm", "loss_spike_run"]
 
 
 def _grads(params: Iterable[torch.Tensor] | torch.Tensor) -> list[torch.Tensor]:
@@ -87,66 +88,3 @@ def loss_spike_run(max_norm: float | None = None, steps: int = 60, bad_step: int
         with torch.no_grad():
             losses.append(nn.functional.mse_loss(model(x), y).item())
     return {"loss": losses, "grad_norm": norms}
-
-
-# ----------------------------------------------------------------------------------------------
-# The NaN hunter
-# ----------------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class NonFinite:
-    module: str  # dotted name, e.g. "blocks.1.mlp.fc"
-    type: str  # e.g. "Linear"
-    inputs_finite: bool  # True: this module *created* the inf/NaN; False: it only passed one on
-    kind: str  # "inf", "nan" or "inf+nan"
-
-    def __str__(self) -> str:
-        how = "produced" if self.inputs_finite else "received and passed on"
-        return f"{self.module} ({self.type}) {how} {self.kind}"
-
-
-def _tensors(obj) -> list[torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
-        return [obj] if obj.is_floating_point() else []
-    if isinstance(obj, (tuple, list)):
-        return [t for o in obj for t in _tensors(o)]
-    if isinstance(obj, dict):
-        return [t for o in obj.values() for t in _tensors(o)]
-    return []
-
-
-def _kind(ts: list[torch.Tensor]) -> str | None:
-    nan = any(bool(torch.isnan(t).any()) for t in ts)
-    inf = any(bool(torch.isinf(t).any()) for t in ts)
-    return "inf+nan" if nan and inf else "nan" if nan else "inf" if inf else None
-
-
-def find_first_nonfinite(model: nn.Module, *inputs, **kwargs) -> NonFinite | None:
-    """Run `model(*inputs)` with a forward hook on every module; the first to finish with inf/NaN output, or None.
-
-    Hooks fire when a module *finishes*, so leaf modules report before their parents: the first hit
-    is the innermost module that produced the value. Run it under the same autocast as training.
-    """
-    hits: list[NonFinite] = []
-
-    def hook(mod, args, out, name):
-        if hits:
-            return
-        kind = _kind(_tensors(out))
-        if kind:
-            hits.append(NonFinite(name or "(model)", type(mod).__name__, _kind(_tensors(args)) is None, kind))
-
-    handles = [m.register_forward_hook(lambda mod, a, o, n=n: hook(mod, a, o, n)) for n, m in model.named_modules()]
-    try:
-        with torch.no_grad():
-            model(*inputs, **kwargs)
-    finally:
-        for h in handles:
-            h.remove()
-    return hits[0] if hits else None
-
-
-def nonfinite_grads(model: nn.Module) -> list[str]:
-    """Names of the parameters whose .grad holds inf or NaN (after backward, before the optimizer step)."""
-    return [n for n, p in model.named_parameters() if p.grad is not None and not bool(torch.isfinite(p.grad).all())]

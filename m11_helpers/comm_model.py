@@ -35,7 +35,8 @@ from m11_helpers.validate import non_negative_real, one_of, positive_int, positi
 __all__ = ["COLLECTIVES", "bus_factor", "algbw", "busbw", "ring_allreduce_time", "tree_allreduce_time",
            "ring_bytes_sent", "crossover_bytes", "half_bandwidth_bytes", "fit_alpha_beta", "explore",
            "NVLINK_H100", "IB_400G", "Link", "Fabric", "FABRICS", "HGX_H100", "ONE_NIC_H100",
-           "cluster_allreduce_time", "inter_node_bytes"]
+           "cluster_allreduce_time", "inter_node_bytes", "RING_OPS", "ring_collective_time",
+           "cluster_collective_time", "group_link"]
 
 # nccl-tests doc/PERFORMANCE.md, "Bus bandwidth": the factor busbw/algbw for each collective.
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all")
@@ -239,3 +240,41 @@ def inter_node_bytes(nbytes: float, nodes: int, gpus: int, algorithm: str = "rin
     if algorithm == "ring":
         return ring_bytes_sent(nbytes, nodes * gpus)
     return ring_bytes_sent(nbytes, nodes)
+
+
+# ----------------------------------------------------------------------------------------------
+# Added for lessons 04 and 12 (FSDP/HSDP/TP across nodes): the ring's halves, and a group's share of the rails
+# ----------------------------------------------------------------------------------------------
+
+RING_OPS = ("all_reduce", "all_gather", "reduce_scatter")
+
+
+def ring_collective_time(op: str, nbytes: float, n: int, alpha: float, beta: float) -> float:
+    """Ring all-reduce 2(n-1)·α + 2(n-1)/n·S·β; all-gather and reduce-scatter are its halves, (n-1)·α + (n-1)/n·S·β
+    (S = the full tensor; Patarasuk & Yuan 2009)."""
+    one_of("op", op, RING_OPS)
+    t = ring_allreduce_time(nbytes, n, alpha, beta)
+    return t if op == "all_reduce" else t / 2
+
+
+def cluster_collective_time(op: str, nbytes: float, nodes: int, fabric: Fabric, algorithm: str = "ring") -> float:
+    """`cluster_allreduce_time` for an all-reduce; all-gather and reduce-scatter are half of it (each half of the
+    ring, or of each stage of the hierarchical algorithm, moves half the bytes in half the steps)."""
+    one_of("op", op, RING_OPS)
+    t = cluster_allreduce_time(nbytes, nodes, fabric, algorithm)
+    return t if op == "all_reduce" else t / 2
+
+
+def group_link(fabric: Fabric, per_node: int) -> Link:
+    """The link one GPU of a group gets when the group spans nodes with `per_node` of its GPUs on each, and every GPU
+    of the node communicates at once (one such group per GPU of the node: DP beside TP, CP, EP):
+    min(NVLink, per_node · rails·B_nic / g). per_node = g is a flat ring's `network_bandwidth`; per_node = 1
+    (one GPU per node: the group's traffic rides its own rail) is `rail_link`'s share."""
+    positive_int("per_node", per_node)
+    if per_node > fabric.gpus:
+        raise ValueError(f"per_node must be at most the GPUs per node ({fabric.gpus}), got {per_node}")
+    share = per_node * fabric.network_bandwidth() / fabric.gpus / 1e9
+    gbs = min(fabric.intra.gbs_per_direction, share)
+    return Link(f"{fabric.name}: {per_node} of the group's GPUs per node", gbs,
+                f"{per_node} × (rails × {fabric.nic.name}) / {fabric.gpus} GPUs, at most NVLink; {fabric.source}",
+                alpha_us=max(fabric.intra.alpha_us, fabric.nic.alpha_us))

@@ -2,7 +2,7 @@
 
     mesh = hsdp_mesh(replicate=2, shard=2)     # 4 ranks: {0,1} and {2,3} shard; {0,2} and {1,3} replicate
     report = hsdp_step_report(replicate=2, shard=2)   # on each rank (via launch): bytes, collectives, equality
-    hsdp_vs_fsdp(param_bytes, nodes=8, gpus_per_node=8, intra=NVLINK_H100, inter=IB_400G)   # the α–β sums
+    hsdp_vs_fsdp(param_bytes, nodes=8, fabric=HGX_H100, units=32)   # lesson 02's α–β rail model, both methods
 
 FSDP2's `fully_shard` on a 2-D `DeviceMesh` (replicate × shard) shards every parameter over the
 "shard" dimension and replicates the shards over the "replicate" dimension. A step all-gathers
@@ -10,6 +10,12 @@ parameters inside the shard group (forward, and again in backward), reduce-scatt
 it, then all-reduces each gradient *shard* across the replicas. Zhao et al. 2023 ("PyTorch FSDP",
 VLDB, §3.2.2 "Hybrid Sharding"): shard within a node over the fast links, replicate across nodes, so
 only the gradient shards — 1/g of the gradients — cross the slow inter-node network.
+
+Across nodes both methods go through lesson 02's rail model (`comm_model.Fabric`): FSDP's flat ring over
+nodes·g GPUs runs one ring per NIC (min(NVLink, rails·B_nic) per GPU: 400 GB/s on an 8-rail HGX H100 node),
+HSDP's all-reduce of gradient shards runs on each GPU's own rail. On 8-rail nodes the two are close in time and
+HSDP sends ~1.7× fewer inter-node bytes; HSDP wins clearly with one NIC per node, or at scale, where FSDP's
+flat ring pays 2(N−1) latency steps for every per-layer collective.
 """
 
 from __future__ import annotations
@@ -19,12 +25,11 @@ import collections
 import torch
 import torch.distributed as dist
 
-from m11_helpers.comm_model import ring_allreduce_time
+from m11_helpers.comm_model import Fabric, cluster_collective_time, inter_node_bytes, ring_collective_time
 from m11_helpers.fsdp import apply_fsdp, init_device_mesh, local_param_numel
-from m11_helpers.hardware_specs import Link
 from m11_helpers.validate import non_negative_real, positive_int
 
-__all__ = ["hsdp_mesh", "hsdp_step_report", "ring_collective_time", "hsdp_vs_fsdp"]
+__all__ = ["hsdp_mesh", "hsdp_step_report", "hsdp_vs_fsdp"]
 
 
 def hsdp_mesh(replicate: int, shard: int):
@@ -77,40 +82,33 @@ def hsdp_step_report(replicate: int = 2, shard: int = 2, batch: int = 8, seed: i
     return out
 
 
-def ring_collective_time(op: str, nbytes: float, n: int, link: Link) -> float:
-    """α–β time of a ring collective over n ranks (lesson 02): all-reduce 2(n−1)α + 2(n−1)/n·Sβ; all-gather and
-    reduce-scatter are its halves, (n−1)α + (n−1)/n·Sβ (S = the full tensor; Patarasuk & Yuan 2009)."""
-    non_negative_real("nbytes", nbytes)
-    t = ring_allreduce_time(nbytes, n, link.alpha, link.beta)
-    if op == "all_reduce":
-        return t
-    if op in ("all_gather", "reduce_scatter"):
-        return t / 2
-    raise ValueError(f"op must be one of 'all_reduce', 'all_gather', 'reduce_scatter', got {op!r}")
-
-
-def hsdp_vs_fsdp(param_bytes: float, nodes: int, gpus_per_node: int, intra: Link, inter: Link,
-                 grad_bytes: float | None = None) -> dict:
+def hsdp_vs_fsdp(param_bytes: float, nodes: int, fabric: Fabric, grad_bytes: float | None = None,
+                 units: int = 1) -> dict:
     """Seconds of sharding traffic per step, FSDP over every GPU vs HSDP (shard in a node, replicate across).
 
-    FSDP: 2 all-gathers of the parameters and 1 reduce-scatter of the gradients over N = nodes·g ranks; a
-    ring that crosses nodes runs at the inter-node bandwidth per GPU (one NIC per GPU, one ring per rail).
-    HSDP: the same three inside a node (g ranks, `intra`), then an all-reduce of each GPU's gradient shard
-    (grad_bytes/g) across the nodes on its own rail (`inter`). Zhao et al. 2023, §3.2.2.
-    Returns seconds for each part and in total, and the inter-node bytes each GPU sends.
+    FSDP: 2 all-gathers of the parameters and 1 reduce-scatter of the gradients over N = nodes·g ranks, a flat
+    ring per rail (`comm_model.cluster_collective_time`). HSDP: the same three inside a node (NVLink), then an
+    all-reduce of each GPU's gradient shard (grad_bytes/g) across the nodes on its own rail
+    (`Fabric.rail_link`). Zhao et al. 2023, §3.2.2. `units`: FSDP units (one per layer, as FSDP2 wraps blocks):
+    each collective runs `units` times on 1/units of the bytes, so the α terms count `units` times.
+    Returns seconds for each part and in total, and the inter-node bytes per GPU (`comm_model.inter_node_bytes`
+    per node ÷ g).
     """
     non_negative_real("param_bytes", param_bytes)
     positive_int("nodes", nodes)
-    g = positive_int("gpus_per_node", gpus_per_node)
+    positive_int("units", units)
+    g = fabric.gpus
     grads = param_bytes if grad_bytes is None else non_negative_real("grad_bytes", grad_bytes)
-    N = nodes * g
-    link = inter if nodes > 1 else intra
-    fsdp = {"all_gather": 2 * ring_collective_time("all_gather", param_bytes, N, link),
-            "reduce_scatter": ring_collective_time("reduce_scatter", grads, N, link)}
-    hsdp = {"all_gather": 2 * ring_collective_time("all_gather", param_bytes, g, intra),
-            "reduce_scatter": ring_collective_time("reduce_scatter", grads, g, intra),
-            "all_reduce": ring_collective_time("all_reduce", grads / g, nodes, inter)}
+    p, q = param_bytes / units, grads / units  # one unit's parameters and gradients
+    fsdp = {"all_gather": 2 * units * cluster_collective_time("all_gather", p, nodes, fabric),
+            "reduce_scatter": units * cluster_collective_time("reduce_scatter", q, nodes, fabric)}
+    rail = fabric.rail_link()
+    hsdp = {"all_gather": 2 * units * cluster_collective_time("all_gather", p, 1, fabric),
+            "reduce_scatter": units * cluster_collective_time("reduce_scatter", q, 1, fabric),
+            "all_reduce": units * ring_collective_time("all_reduce", q / g, nodes, rail.alpha, rail.beta)}
+    # an all-gather or a reduce-scatter is half a ring all-reduce: half its inter-node bytes
+    fsdp_inter = (inter_node_bytes(2 * param_bytes, nodes, g) + inter_node_bytes(grads, nodes, g)) / 2
     return {"fsdp": {**fsdp, "total": sum(fsdp.values())}, "hsdp": {**hsdp, "total": sum(hsdp.values())},
-            "fsdp_inter_bytes": (N - 1) / N * (2 * param_bytes + grads) if nodes > 1 else 0.0,
-            "hsdp_inter_bytes": 2 * (nodes - 1) / nodes * grads / g,
-            "fsdp_shard": 1 / N, "hsdp_shard": 1 / g}
+            "fsdp_inter_bytes": fsdp_inter / g,
+            "hsdp_inter_bytes": inter_node_bytes(grads, nodes, g, "hierarchical") / g,
+            "fsdp_shard": 1 / (nodes * g), "hsdp_shard": 1 / g}

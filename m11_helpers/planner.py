@@ -11,7 +11,7 @@ the rest. Memory comes from the course's one owner of each figure: model states 
 `m11_helpers.model_states` (default layout "megatron": ZeRO §3.1's 16 B/param), activations from
 `m11_helpers.activations` (Korthikanti et al. 2022, §4, generalised). Estimates, not measurements: a
 plan "fits" when it uses at most HEADROOM (80 %) of a GPU's memory, leaving room for buffers and
-fragmentation.
+fragmentation. Links: lesson 02's rail model (`comm_model.Fabric`, one ring per NIC), through `placement_link`.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ import dataclasses
 import math
 
 from m11_helpers.activations import activation_bytes
-from m11_helpers.comm_model import ring_bytes_sent
+from m11_helpers.comm_model import Fabric, group_link, ring_bytes_sent
 from m11_helpers.config import TransformerConfig, param_count
-from m11_helpers.hardware_specs import LINKS, chip
+from m11_helpers.hardware_specs import LINKS, Link, chip
 from m11_helpers.model_states import LAYOUTS, gradient_bytes, model_state_bytes
 from m11_helpers.pipeline_comm import p2p_bytes
 from m11_helpers.validate import one_of, positive_int
@@ -38,19 +38,48 @@ LAYOUT = "megatron"
 @dataclasses.dataclass(frozen=True)
 class Cluster:
     name: str
-    gpus_per_node: int
     memory_gb: float  # per GPU, 1e9 bytes
-    nvlink_gbps: float  # GB/s per GPU inside a node (one direction)
-    ib_gbps: float  # GB/s per GPU between nodes (one direction)
+    fabric: Fabric  # GPUs per node, NVLink, NICs per node: lesson 02's rail model (comm_model)
     peak_tflops: float  # dense bf16 per GPU
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.fabric.gpus
+
+    @property
+    def nvlink_gbps(self) -> float:
+        """GB/s per GPU inside a node, one direction."""
+        return self.fabric.intra.gbs_per_direction
+
+    @property
+    def ib_gbps(self) -> float:
+        """GB/s of the network one GPU gets when every GPU of its node sends across nodes (comm_model.rail_link)."""
+        return self.fabric.rail_link().gbs_per_direction
 
 
 _A100 = chip("A100 SXM 80GB")
-# NVIDIA Selene / DGX A100 80GB: an "80 GB" A100 carries 80 GiB of HBM2e (85.9 GB: capacities are binary,
-# issue 20 item 1); NVLink 3 at 300 GB/s per direction per GPU; 8× HDR InfiniBand (200 Gb/s = 25 GB/s)
-# per node, one per GPU (NVIDIA DGX A100 User Guide); 312 TFLOP/s bf16 dense (A100 datasheet).
-SELENE = Cluster("DGX A100 80GB (Selene)", 8, 80 * GiB / GB, LINKS["NVLink 3 (A100)"].gbs_per_direction, 25.0,
-                 _A100.peak_tflops["bf16"])
+HDR_200G = Link("InfiniBand HDR (1 port)", 25, "NVIDIA ConnectX-6 / Quantum HDR: 200 Gb/s per port = 25 GB/s per "
+                "direction; NVIDIA DGX A100 User Guide: 8 single-port HDR adapters for the compute fabric")
+# NVIDIA Selene / DGX A100 80GB: 8 A100 on NVLink 3 (300 GB/s per direction per GPU), one HDR NIC per GPU.
+DGX_A100 = Fabric("DGX A100, one 200 Gb/s HDR NIC per GPU (8 rails)", 8, LINKS["NVLink 3 (A100)"], HDR_200G, 8,
+                  "NVIDIA DGX A100 User Guide (8 × ConnectX-6 HDR); NVIDIA DGX SuperPOD reference architecture "
+                  "(Selene): rail-optimised compute fabric")
+# An "80 GB" A100 carries 80 GiB of HBM2e (85.9 GB: capacities are binary, issue 20 item 1); 312 TFLOP/s bf16 dense.
+SELENE = Cluster("DGX A100 80GB (Selene)", 80 * GiB / GB, DGX_A100, _A100.peak_tflops["bf16"])
+
+
+def placement_link(fabric: Fabric, size: int, stride: int = 1, p2p: bool = False) -> Link:
+    """The link one GPU of a group of `size` ranks, `stride` apart (ranks numbered node by node), communicates over.
+
+    Inside one node: NVLink. Across nodes, a ring (all-reduce, all-gather, reduce-scatter) with k = g/stride of its
+    GPUs on each node runs one ring per rail: `comm_model.group_link(fabric, k)` = min(NVLink, k·rails·B_nic/g).
+    A point-to-point message (p2p=True: pipeline stages, a ring attention's hop) leaves through its own GPU's
+    share of the NICs, `group_link(fabric, 1)`. Every GPU of the node is assumed to communicate at once."""
+    positive_int("size", size)
+    positive_int("stride", stride)
+    if size * stride <= fabric.gpus:
+        return fabric.intra
+    return group_link(fabric, 1 if p2p else max(1, min(size, fabric.gpus // stride)))
 
 
 def _gpt(params_b: float, heads: int, hidden: int, layers: int) -> TransformerConfig:
@@ -148,16 +177,21 @@ def comm_per_step(cfg: TransformerConfig, tp: int, pp: int, dp: int, micro_batch
 
 def traffic(cfg: TransformerConfig, cluster: Cluster, dp: int, tp: int, pp: int, global_batch: int,
             micro_batch: int = 1) -> list[dict]:
-    """Per kind of parallelism: GB each GPU sends per step, how many operations, and seconds on NVLink vs
-    InfiniBand: why Megatron-LM puts TP inside a node and PP across nodes (Narayanan et al. 2021, §3)."""
+    """Per kind of parallelism: GB each GPU sends per step, how many operations, and seconds at three rates: all on
+    NVLink, all through the GPU's own NIC (`ib_s`: every ring hop crosses the network, one rank per node), and
+    where Megatron's rank order puts it (`placed_s`, `placement_link`): why Megatron-LM puts TP inside a node
+    and PP across nodes (Narayanan et al. 2021, §3)."""
     m = global_batch // (positive_int("dp", dp) * positive_int("micro_batch", micro_batch))
     comm = comm_per_step(cfg, tp, pp, dp, micro_batch, m)
     ops = {"tp": 4 * cfg.layers // pp * m if tp > 1 else 0, "pp": 2 * m if pp > 1 else 0, "dp": 1 if dp > 1 else 0}
+    placed = {"tp": placement_link(cluster.fabric, tp), "pp": placement_link(cluster.fabric, pp, tp, p2p=True),
+              "dp": placement_link(cluster.fabric, dp, tp * pp)}  # Megatron's rank order, as in evaluate
     what = {"tp": "all-reduce of activations, 4 per layer per micro-batch",
             "pp": "activations to the next stage, gradients back, per micro-batch",
             "dp": "all-reduce of the gradients, once per step"}
     return [{"kind": k.upper(), "degree": {"tp": tp, "pp": pp, "dp": dp}[k], "sends": what[k], "GB": comm[k],
-             "operations": ops[k], "nvlink_s": comm[k] / cluster.nvlink_gbps, "ib_s": comm[k] / cluster.ib_gbps}
+             "operations": ops[k], "nvlink_s": comm[k] / cluster.nvlink_gbps, "ib_s": comm[k] / cluster.ib_gbps,
+             "placed_s": comm[k] * GB / placed[k].bandwidth}
             for k in ("tp", "pp", "dp")]
 
 
@@ -175,8 +209,10 @@ def evaluate(cfg: TransformerConfig, cluster: Cluster, dp: int, tp: int, pp: int
     m = global_batch // (dp * micro_batch)
     mem = memory_per_gpu(cfg, tp, pp, dp, micro_batch, recompute, zero1)
     comm = comm_per_step(cfg, tp, pp, dp, micro_batch, m)
-    tp_link = cluster.nvlink_gbps if tp <= cluster.gpus_per_node else cluster.ib_gbps
-    secs = {"tp": comm["tp"] / tp_link, "pp": comm["pp"] / cluster.ib_gbps, "dp": comm["dp"] / cluster.ib_gbps}
+    # Megatron's rank order: TP ranks adjacent, then PP (stride t), then DP (stride t·p)
+    links = {"tp": placement_link(cluster.fabric, tp), "pp": placement_link(cluster.fabric, pp, tp, p2p=True),
+             "dp": placement_link(cluster.fabric, dp, tp * pp)}
+    secs = {k: comm[k] * GB / links[k].bandwidth for k in ("tp", "pp", "dp")}
     # 6·N·tokens FLOPs (+2·N with full recomputation) at 50 % of peak (what Megatron-LM reached, Table 1).
     flops = (8 if recompute == "full" else 6) * param_count(cfg) * global_batch * cfg.seq_len
     compute = flops / (dp * tp * pp) / (0.5 * cluster.peak_tflops * 1e12)
@@ -206,9 +242,10 @@ def plan_3d(cfg: TransformerConfig, cluster: Cluster, gpus: int, global_batch: i
 
 
 def megatron_rule(cfg: TransformerConfig, cluster: Cluster, gpus: int, global_batch: int, micro_batch: int = 1,
-                  recompute: str = "full") -> Plan3D | None:
+                  recompute: str = "full", zero1: bool = False) -> Plan3D | None:
     """Narayanan et al. 2021, Takeaways #1–#2: the smallest model-parallel size M = t·p that fits, with
-    t = min(M, GPUs per node) (tensor parallel inside a node, pipeline across nodes); dp = gpus / M."""
+    t = min(M, GPUs per node) (tensor parallel inside a node, pipeline across nodes); dp = gpus / M.
+    zero1: the optimizer states sharded over dp (ZeRO §5.1), so a larger dp also frees memory."""
     for name, v in (("gpus", gpus), ("global_batch", global_batch), ("micro_batch", micro_batch)):
         positive_int(name, v)
     for size in _divisors(gpus):
@@ -217,7 +254,7 @@ def megatron_rule(cfg: TransformerConfig, cluster: Cluster, gpus: int, global_ba
         pp, dp = size // tp, gpus // size
         if cfg.layers % pp or global_batch % (dp * micro_batch):
             continue
-        plan = evaluate(cfg, cluster, dp, tp, pp, global_batch, micro_batch, recompute)
+        plan = evaluate(cfg, cluster, dp, tp, pp, global_batch, micro_batch, recompute, zero1)
         if plan.fits:
             return plan
     return None

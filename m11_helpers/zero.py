@@ -20,13 +20,11 @@ from __future__ import annotations
 import dataclasses
 
 from m11_helpers.comm_model import ring_bytes_sent
-from m11_helpers.config import TransformerConfig
 from m11_helpers.model_states import ZERO_STAGES, as_layout, model_state_bytes
 from m11_helpers.validate import non_negative_real, one_of, positive_int, positive_real
 
 __all__ = ["STAGES", "OFFLOADS", "MemoryBreakdown", "memory_breakdown", "memory_per_gpu", "reduction_factor",
-           "min_gpus", "comm_volume", "bytes_sent_per_step", "deepspeed_estimate", "accelerate_estimate",
-           "activation_bytes"]
+           "min_gpus", "comm_volume", "bytes_sent_per_step", "deepspeed_estimate", "accelerate_estimate"]
 
 STAGES = ZERO_STAGES  # {0: "DDP", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3 / FSDP"}
 # "optimizer": ZeRO-Offload (Ren et al. 2021): optimizer state and its update on the CPU.
@@ -177,16 +175,3 @@ def accelerate_estimate(num_params: int, dtype: str = "float32") -> int:
 
     return int(max(estimate_training_usage(4 * _psi(num_params), dtype).values()))
 
-
-def activation_bytes(cfg: TransformerConfig, micro_batch: int = 1, recompute: str = "none") -> float:
-    """L·sbh(34 + 5as/h) bytes; selective L·34sbh; full L·2sbh (Korthikanti et al. 2022, §4, Tab. 2): the paper's GPT.
-
-    Transitional: kept only because `capstone.predict_gpu_run` still imports it; remove it once lesson 11
-    uses `m11_helpers.activations.activation_bytes`, the course's one activation model (architecture-aware:
-    SwiGLU, RMSNorm, no dropout, the output layer), which every lesson prints from.
-    """
-    one_of("recompute", recompute, ("none", "selective", "full"))
-    positive_int("micro_batch", micro_batch)
-    s, b, h, a = cfg.seq_len, micro_batch, cfg.hidden, cfg.heads
-    per_layer = {"none": s * b * h * (34 + 5 * a * s / h), "selective": 34 * s * b * h, "full": 2 * s * b * h}
-    return cfg.layers * per_layer[recompute]

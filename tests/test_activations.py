@@ -79,7 +79,7 @@ def test_full_recompute_keeps_2sbh_and_exact_mlp_terms():
 
 
 def test_running_example_figures():
-    # the figures lessons 04, 05, 06, 08 and 11 print through quantities.say (issue 20, item 3)
+    # the figures lessons 04, 05, 06, 08 and 11 print through quantities.say (one activation model for every lesson)
     def gb(**kw):
         return round(activation_bytes(RUNNING_EXAMPLE, 1, **kw)["total"] / 1e9, 2)
 

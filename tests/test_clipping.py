@@ -5,16 +5,11 @@ import math
 import pytest
 import torch
 
-from m11_helpers.clipping import (
-    clip_grad_norm_global_,
-    find_first_nonfinite,
-    global_grad_norm,
-    loss_spike_run,
-    nonfinite_grads,
-)
+from m11_helpers.clipping import clip_grad_norm_global_, global_grad_norm, loss_spike_run
 from m11_helpers.data import tokens
 from m11_helpers.launch import launch
 from m11_helpers.models import tiny_gpt
+from m11_helpers.nan_hunter import find_first_nonfinite, nonfinite_grads
 
 
 @pytest.fixture(autouse=True)

@@ -163,7 +163,7 @@ HAND_CHECK = re.compile(r"^(_positive\w*|_check_pos\w*|_check_n)$")
 
 
 def test_argument_checks_go_through_validate():
-    """Issue 17, one way to do each thing: argument checks are m11_helpers.validate's, not hand-written ones."""
+    """One way to do each thing: argument checks are m11_helpers.validate's, not hand-written ones."""
     bad = []
     for path in sorted(PKG.rglob("*.py")):
         rel = path.relative_to(PKG).as_posix()

@@ -87,7 +87,7 @@ def test_training_days_rejects_bad_input(bad):
 # ---------------------------------------------------------------- capacity
 
 def test_hbm_capacity_is_binary():
-    # an "80 GB" A100/H100 carries 80 GiB of HBM (issue 20, item 1); TPU and Trainium docs agree in GiB
+    # an "80 GB" A100/H100 carries 80 GiB of HBM (the datasheets' "GB" is binary for HBM); TPU and Trainium docs agree in GiB
     for c in (A100, H100):
         assert c.memory_bytes == 85_899_345_920 and c.memory_gib == 80 and c.memory_gb == pytest.approx(85.9, abs=0.05)
     assert CHIPS["TPU v4"].memory_bytes == 32 * GiB and CHIPS["Trainium2"].memory_bytes == 96 * GiB
@@ -123,7 +123,7 @@ def test_capacity_rejects_bad_input():
 
 
 def test_published_mfu_is_far_below_80_percent():
-    # issue 20 item 10: "80-90 % utilisation" is not what training runs publish
+    # "80-90 % utilisation", a common claim, is not what training runs publish
     assert all(0.2 < lo <= hi < 0.6 for _, lo, hi, _, _ in PUBLISHED_MFU)
     assert all(src for *_, src in PUBLISHED_MFU)
 

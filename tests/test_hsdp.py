@@ -2,8 +2,8 @@
 
 import pytest
 
-from m11_helpers.hardware_specs import IB_400G, NVLINK_H100
-from m11_helpers.hsdp import hsdp_step_report, hsdp_vs_fsdp, ring_collective_time
+from m11_helpers.comm_model import HGX_H100, ONE_NIC_H100, NVLINK_H100, ring_allreduce_time
+from m11_helpers.hsdp import hsdp_step_report, hsdp_vs_fsdp
 from m11_helpers.launch import launch
 
 
@@ -38,16 +38,29 @@ def test_collectives_hsdp_reduce_scatters_in_the_shard_group_and_all_reduces_sha
         assert hsdp["all_reduce"]["calls"] == hsdp["reduce_scatter_single"]["calls"]
 
 
-def test_hsdp_vs_fsdp_model():
+def test_hsdp_vs_fsdp_model_uses_the_rails():
     S = 13.5e9  # 7B parameters in bf16
-    out = hsdp_vs_fsdp(S, nodes=8, gpus_per_node=8, intra=NVLINK_H100, inter=IB_400G)
-    assert out["hsdp"]["total"] < out["fsdp"]["total"]
-    assert out["fsdp_inter_bytes"] / out["hsdp_inter_bytes"] == pytest.approx(3 * 63 / 64 / (2 * 7 / 8 / 8))
-    one = hsdp_vs_fsdp(S, nodes=1, gpus_per_node=8, intra=NVLINK_H100, inter=IB_400G)
+    out = hsdp_vs_fsdp(S, nodes=8, fabric=HGX_H100)
+    # inter-node bytes per GPU: FSDP's flat ring 3·(63/64)·S/8, HSDP's shard all-reduce 2·(7/8)·S/8: ≈ 1.7×, not 13.5×
+    assert out["fsdp_inter_bytes"] == pytest.approx(3 * 63 / 64 * S / 8)
+    assert out["hsdp_inter_bytes"] == pytest.approx(2 * 7 / 8 * S / 8)
+    assert out["fsdp_inter_bytes"] / out["hsdp_inter_bytes"] == pytest.approx(3 * 63 / 64 / (2 * 7 / 8))
+    # FSDP's flat ring crosses nodes on 8 rails: min(NVLink 450, 8 × 50) = 400 GB/s per GPU, not one NIC's 50
+    ring = 3 * 63 / 64 * S / 400e9
+    assert out["fsdp"]["total"] == pytest.approx(ring + 3 * 63 * 5e-6)
+    assert out["fsdp"]["total"] < out["hsdp"]["total"]  # on 8-rail nodes, one unit: FSDP is slightly faster
+    one_nic = hsdp_vs_fsdp(S, nodes=8, fabric=ONE_NIC_H100)
+    assert one_nic["hsdp"]["total"] < 0.75 * one_nic["fsdp"]["total"]  # one NIC per node: HSDP wins clearly
+    assert one_nic["fsdp_inter_bytes"] == out["fsdp_inter_bytes"]  # the bytes do not depend on the NICs
+    # at scale, per-layer collectives: FSDP's flat ring pays 2(N-1) latency steps each time
+    big = [hsdp_vs_fsdp(S, nodes=n, fabric=HGX_H100, units=32) for n in (8, 32)]
+    assert big[1]["hsdp"]["total"] < big[1]["fsdp"]["total"] and big[1]["fsdp"]["total"] > 1.5 * big[0]["fsdp"]["total"]
+    one = hsdp_vs_fsdp(S, nodes=1, fabric=HGX_H100)
     assert one["hsdp"]["all_reduce"] == 0 and one["fsdp"]["total"] == pytest.approx(one["hsdp"]["total"])
-    assert ring_collective_time("all_reduce", S, 8, IB_400G) == pytest.approx(
-        2 * ring_collective_time("all_gather", S, 8, IB_400G))
-    with pytest.raises(ValueError, match="op"):
-        ring_collective_time("broadcast", S, 8, IB_400G)
+    a, b = NVLINK_H100.alpha, NVLINK_H100.beta  # one node: two ring all-gathers over NVLink, (n-1)α + (n-1)/n·S·β each
+    assert one["fsdp"]["all_gather"] == pytest.approx(2 * (7 * a + 7 / 8 * S * b))
+    assert one["fsdp"]["reduce_scatter"] == pytest.approx(ring_allreduce_time(S, 8, a, b) / 2)
     with pytest.raises(ValueError, match="nodes"):
-        hsdp_vs_fsdp(S, 0, 8, NVLINK_H100, IB_400G)
+        hsdp_vs_fsdp(S, 0, HGX_H100)
+    with pytest.raises(ValueError, match="units"):
+        hsdp_vs_fsdp(S, 8, HGX_H100, units=0)

@@ -15,7 +15,9 @@ import pytest
 from m11_helpers import REPO, __version__, setup
 from m11_helpers.display import Table, show_table
 from m11_helpers.environment import environment, setup_line
-from m11_helpers.procs import die_with_parent, kill_descendants, kill_tree, stop, subreaper, tethered_popen
+from m11_helpers import procs
+from m11_helpers.procs import die_with_parent, kill_descendants, kill_tree, stop, subreaper
+from m11_helpers.tether import tethered_popen
 from m11_helpers.resources import course_scripts, script_path
 from m11_helpers.timing import Timing, format_seconds, time_it
 from m11_helpers.validate import fraction, non_negative_int, non_negative_real, one_of, positive_int, positive_real
@@ -143,7 +145,7 @@ def test_a_tethered_program_ends_with_its_status_and_leaves_nothing():
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="subreapers are Linux")
 def test_a_tethered_tree_dies_with_a_sigkilled_caller():
-    code = ("import sys, time\nfrom m11_helpers.procs import tethered_popen\n"
+    code = ("import sys, time\nfrom m11_helpers.tether import tethered_popen\n"
             "tethered_popen([sys.executable, '-c', sys.argv[1], '60', '0'])\ntime.sleep(60)\n")
     caller = subprocess.Popen([sys.executable, "-c", code, ESCAPER], env={**os.environ, "M11_TEST_TAG": "caller"})
     _wait_tagged("caller", 4)  # caller, supervisor, program, grandchild in its own session
@@ -157,7 +159,7 @@ def test_a_stopped_supervisor_lets_a_nested_one_clean_up(tmp_path):
     # a kernel under a supervisor runs launch_script, under its own supervisor with a results folder
     folder = tmp_path / "results"
     folder.mkdir()
-    kernel = ("import sys, time\nfrom m11_helpers.procs import tethered_popen\n"
+    kernel = ("import sys, time\nfrom m11_helpers.tether import tethered_popen\n"
               "tethered_popen([sys.executable, '-c', sys.argv[1], '60', '0'], remove_if_abandoned=[sys.argv[2]])\n"
               "time.sleep(60)\n")
     proc = tethered_popen([sys.executable, "-c", kernel, ESCAPER, str(folder)],

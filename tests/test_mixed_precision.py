@@ -1,22 +1,15 @@
-"""Lesson 06: number formats and underflow, autocast, the two 16-byte layouts measured, master weights, activations."""
+"""Lesson 06: number formats, underflow, autocast, the two 16-byte layouts measured, master weights, activations, speed."""
 
 import pytest
 import torch
 
 from m11_helpers.activations import activation_bytes, activation_ratio
+from m11_helpers.autocast_ops import autocast_dtype_table, autocast_op_table
 from m11_helpers.config import TINY_GPT, param_count
 from m11_helpers.data import tokens
+from m11_helpers.held_memory import autocast_weight_copy_bytes, held_state_bytes
+from m11_helpers.master_weights import MODES, MasterWeightsAdamW, precision_run
 from m11_helpers.memory import track_saved_tensors
-from m11_helpers.mixed_precision import (
-    MODES,
-    MasterWeightsAdamW,
-    autocast_dtype_table,
-    autocast_op_table,
-    autocast_weight_copy_bytes,
-    held_state_bytes,
-    precision_run,
-    speed_cases,
-)
 from m11_helpers.model_states import bytes_per_param
 from m11_helpers.models import mlp, tiny_gpt
 from m11_helpers.number_formats import (
@@ -28,6 +21,7 @@ from m11_helpers.number_formats import (
     log2_window,
     round_trip,
 )
+from m11_helpers.precision_speed import cpu_16bit_support, speed_cases
 
 
 @pytest.fixture(autouse=True)
@@ -190,7 +184,8 @@ def test_autocast_activations_and_weight_copies_measured_equal_the_model(batch):
     assert (saved[True] > saved[False]) == (batch == 1)  # at batch 1 the weight copies outweigh the savings
 
 
-def test_speed_cases_run():
+def test_speed_cases_run_and_cpu_support_is_described():
+    assert cpu_16bit_support().startswith("vector ISA ")
     cases = speed_cases("cpu", matmul_size=32)
     assert len(cases) == 2 and all(set(c) == {"fp32", "bf16", "fp16"} for c in cases.values())
     for fns in cases.values():

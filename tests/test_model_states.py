@@ -48,7 +48,7 @@ def test_zero_stages_shard_the_right_parts_with_padding():
 
 
 def test_gradient_bytes_autocast_vs_bf16():
-    # issue 20 item 2: under autocast DDP moves fp32 gradients (27 GB for the 7B), not "13.5 GB of bf16"
+    # under autocast DDP moves fp32 gradients (27 GB for the 7B), not "13.5 GB of bf16"
     assert gradient_bytes(PSI_7B, "autocast") == 4 * PSI_7B
     assert round(gradient_bytes(PSI_7B, "autocast") / 1e9, 1) == 27.0
     assert round(gradient_bytes(PSI_7B, "autocast+bf16-hook") / 1e9, 1) == 13.5

@@ -1,4 +1,4 @@
-"""quantities.py: one line per shared figure, and no two notebooks may print a figure differently (issue 20)."""
+"""quantities.py: one line per shared figure, and no two notebooks may print a figure differently."""
 
 import json
 import re
@@ -79,7 +79,7 @@ def test_values_come_from_the_owning_helpers():
     assert Q.value("7b.activations.full") == activation_bytes(RUNNING_EXAMPLE, 1, recompute="full")["total"]
     for key in Q.KEYS:  # every line renders, with its tag last
         assert Q.line(key).endswith(f"  [m11:{key}]") and Q.QUANTITIES[key].source
-    # the figures issue 20 asks for (item 2: autocast moves fp32 gradients; item 3: one activation model)
+    # the figures the lessons used to disagree on: autocast moves fp32 gradients; one activation model
     shown = {k: Q.QUANTITIES[k].text() for k in Q.KEYS}
     assert shown["7b.grad_bytes.autocast"] == "27.0 GB" and shown["7b.grad_bytes.autocast+bf16-hook"] == "13.5 GB"
     assert shown["7b.model_states.megatron"] == "107.8 GB = 100.4 GiB"

@@ -12,7 +12,6 @@ from m11_helpers.model_states import gradient_bytes, model_state_bytes
 from m11_helpers.quantities import GB, GiB
 from m11_helpers.zero import (
     accelerate_estimate,
-    activation_bytes,
     bytes_sent_per_step,
     comm_volume,
     deepspeed_estimate,
@@ -110,12 +109,6 @@ def test_bad_inputs_name_the_parameter():
         memory_per_gpu(1e9, 8, 1, layout="fp8")
     with pytest.raises(ValueError, match="gather_bytes"):
         bytes_sent_per_step(1e9, 3, 8, gather_bytes=0)
-
-
-def test_korthikanti_formula_kept_for_the_capstone_until_it_migrates():
-    s, b, h, a, L = 4096, 1, 4096, 32, 32  # Korthikanti et al. 2022, Table 2, for the 7B's shape
-    assert activation_bytes(RUNNING_EXAMPLE, 1) == L * s * b * h * (34 + 5 * a * s / h)
-    assert activation_bytes(RUNNING_EXAMPLE, 1, "full") == L * 2 * s * h
 
 
 def test_other_tools_formulas():

@@ -49,6 +49,20 @@ def _cpu_limit() -> int:
     return max(8, 4 * (os.cpu_count() or 1))
 
 
+def gpu_count() -> int:
+    """The CUDA GPUs this process may use, counted without initialising CUDA (0 with a CPU-only torch).
+
+    Not `torch.cuda.is_available()`: it calls cudaGetDeviceCount, which initialises the CUDA driver
+    and marks every later fork as unable to use CUDA ("Cannot re-initialize CUDA in forked
+    subprocess"): `launch()` forks its ranks after this count. `torch.cuda.device_count()` counts
+    through NVML, honouring CUDA_VISIBLE_DEVICES (its docstring: "will NOT poison fork if NVML
+    discovery succeeds"); only where the driver has no NVML does it fall back to the CUDA call.
+    """
+    import torch
+
+    return torch.cuda.device_count()
+
+
 def launch_plan(num_processes: int = 2, device: str = "auto", threads_per_process: int = 1) -> LaunchPlan:
     """Choose device and backend for a launch, validating the arguments (ValueError says what to pass)."""
     positive_int("num_processes", num_processes)
@@ -57,9 +71,7 @@ def launch_plan(num_processes: int = 2, device: str = "auto", threads_per_proces
     if device == "cpu":
         gpus = 0  # a CPU launch need not import torch here (seconds in a fresh process)
     else:
-        import torch
-
-        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        gpus = gpu_count()
     if device == "cuda" and num_processes > gpus:
         raise ValueError(
             f"num_processes={num_processes} with device='cuda' needs one GPU per process, "

@@ -3,7 +3,7 @@
 Nothing it starts outlives the caller, however the caller ends. The process tree of a run:
 
     caller (a notebook kernel, a script, `m11 course`'s kernel)
-    └── supervisor            one per "node": m11_helpers.procs.tethered_popen
+    └── supervisor            one per "node": m11_helpers.tether.tethered_popen
         └── accelerate launch = torchrun's elastic agent (SIGKILLed if the supervisor dies)
             ├── rank 0        torchrun starts every rank in a session of its own
             └── rank 1 ...
@@ -64,7 +64,8 @@ from m11_helpers.launch.results import (
     report,
     script_failure,
 )
-from m11_helpers.procs import kill_tree, tethered_popen
+from m11_helpers.procs import kill_tree
+from m11_helpers.tether import tethered_popen
 from m11_helpers.validate import one_of, positive_int, positive_real
 
 __all__ = ["ScriptRun", "launch_script", "accelerate_command", "report", "RESULTS_ENV"]

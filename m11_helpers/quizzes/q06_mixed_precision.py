@@ -1,6 +1,6 @@
 """Lesson 06 quiz: shown by `quiz("06_mixed_precision")`. Its figures come from the helpers, so they match the lesson."""
 
-from m11_helpers.activations import activation_ratio
+from m11_helpers.activations import activation_bytes, activation_ratio
 from m11_helpers.config import RUNNING_EXAMPLE, TINY_GPT, param_count
 from m11_helpers.model_states import bytes_per_param, gradient_bytes
 from m11_helpers.quantities import GB
@@ -10,6 +10,8 @@ _P = param_count(RUNNING_EXAMPLE)
 _GRADS = {name: gradient_bytes(_P, name) / GB for name in ("autocast", "deepspeed")}
 _BPP = {name: bytes_per_param(name)["total"] for name in ("autocast", "deepspeed", "pure-bf16")}
 _RATIO = {b: activation_ratio(TINY_GPT, b, flash=True) for b in (4, 16)}
+_A16 = activation_bytes(TINY_GPT, 16, flash=True, autocast=True)
+_FLOOR = (_A16["total"] - _A16["weight_copies"]) / activation_bytes(TINY_GPT, 16, flash=True, dtype_bytes=4)["total"]
 
 QUESTIONS = [
     Question("A 7B model trains with torch.amp autocast (bf16) and plain DDP. You move it to DeepSpeed with bf16 "
@@ -61,8 +63,8 @@ QUESTIONS = [
              ["Not every activation is 16-bit, and not everything saved is an activation.",
               "Right: the bf16 copies of the weights that autocast saves for backward do not shrink with the batch, so "
               "they weigh more at a small batch (at batch 1 autocast even uses more memory than FP32).",
-              "It moves towards 0.5 as the batch GROWS (0.58 is the floor: the residual stream, norms and loss stay "
-              "FP32).",
+              f"Cutting the batch raises it; growing the batch lowers it, but only towards the {_FLOOR:.2f} floor, "
+              "never to 0.5: the residual stream, the norms and the loss stay FP32.",
               "Autocast casts the same ops at every batch size."],
              transfer=True),
     Question("To save memory you store a model and AdamW's states in bf16 and drop the FP32 master copy. Which "

@@ -27,7 +27,8 @@ from typing import Iterator
 
 import nbformat
 
-from m11_helpers.procs import end_descendants, subreaper
+from m11_helpers.procs import subreaper
+from m11_helpers.tether import end_descendants
 from m11_helpers.tools.kernels import notebook_client
 from m11_helpers.tools.paths import repo_root
 

@@ -3,7 +3,7 @@
 Every tool that executes notebooks (`m11 course`, `m11 nbclean --refresh`, the wrong-answer runner)
 starts its kernels through `notebook_client(...)` (or `TetheredKernelManager` directly):
 
-- **Tethered.** The kernel runs under `m11_helpers.procs.tethered`'s supervisor. When the tool ends,
+- **Tethered.** The kernel runs under `m11_helpers.tether`'s supervisor. When the tool ends,
   however it ends (SIGKILL included), the supervisor kills the kernel and everything the notebook
   started: `launch()` ranks and their store, `launch_script` agents and ranks, any subprocess.
   jupyter_client alone puts the kernel in a session of its own and relies on ipykernel noticing that
@@ -28,7 +28,7 @@ from typing import Any
 
 from jupyter_client.manager import AsyncKernelManager
 
-from m11_helpers.procs import tethered
+from m11_helpers.tether import tethered
 
 __all__ = ["TetheredKernelManager", "notebook_client"]
 

@@ -1,29 +1,102 @@
 """Recorded wrong answers for solutions/03_data_parallel.ipynb (format: m11_helpers/grading/wrong_answers.py)."""
 
-# %% 3.1 | contiguous blocks instead of strided shards | expect: strided, not contiguous
-def my_shard(n: int, world_size: int, rank: int) -> list[int]:
-    per_rank = -(-n // world_size)
-    order = list(range(n))
-    while len(order) < per_rank * world_size:
-        order += order[: per_rank * world_size - len(order)]
-    return order[rank * per_rank:(rank + 1) * per_rank]
+# %% 3.1 | delegates to torch's DistributedSampler | expect: yourself
+def epoch_shard(n: int, world_size: int, rank: int, epoch: int, seed: int = 0, drop_last: bool = False) -> list[int]:
+    sampler = DistributedSampler(range(n), num_replicas=world_size, rank=rank, seed=seed, drop_last=drop_last)
+    sampler.set_epoch(epoch)
+    return list(sampler)
 
-# %% 3.1 | no padding: the ranks get unequal shares | expect: pad the order
-def my_shard(n: int, world_size: int, rank: int) -> list[int]:
-    return list(range(n))[rank::world_size]
+# %% 3.1 | delegates to the lesson's shard_indices | expect: yourself
+def epoch_shard(n: int, world_size: int, rank: int, epoch: int, seed: int = 0, drop_last: bool = False) -> list[int]:
+    from m11_helpers.data_parallel import shard_indices
+    return shard_indices(n, rank, world_size, shuffle=True, seed=seed, epoch=epoch, drop_last=drop_last)
 
-# %% 3.1 | pads once only (too short when n < N/2) | expect: as many times as needed
-def my_shard(n: int, world_size: int, rank: int) -> list[int]:
-    order = list(range(n))
-    total = -(-n // world_size) * world_size
-    order += order[: total - len(order)]
+# %% 3.1 | seeds each rank's shuffle with its rank (the ranks disagree on the order) | expect: never the rank
+def epoch_shard(n: int, world_size: int, rank: int, epoch: int, seed: int = 0, drop_last: bool = False) -> list[int]:
+    g = torch.Generator().manual_seed(seed + epoch + 1000 * rank)
+    order = torch.randperm(n, generator=g).tolist()
+    if drop_last:
+        order = order[: n // world_size * world_size]
+    else:
+        total = -(-n // world_size) * world_size
+        while len(order) < total:
+            order += order[: total - len(order)]
     return order[rank::world_size]
 
-# %% 3.1 | pads with the last index repeated | expect: first indices
-def my_shard(n: int, world_size: int, rank: int) -> list[int]:
+# %% 3.1 | ignores the epoch: every epoch replays the same order | expect: set_epoch
+def epoch_shard(n: int, world_size: int, rank: int, epoch: int, seed: int = 0, drop_last: bool = False) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    order = torch.randperm(n, generator=g).tolist()
+    if drop_last:
+        order = order[: n // world_size * world_size]
+    else:
+        total = -(-n // world_size) * world_size
+        while len(order) < total:
+            order += order[: total - len(order)]
+    return order[rank::world_size]
+
+# %% 3.1 | shuffles only inside each rank's fixed shard | expect: before splitting it
+def epoch_shard(n: int, world_size: int, rank: int, epoch: int, seed: int = 0, drop_last: bool = False) -> list[int]:
     order = list(range(n))
+    if drop_last:
+        order = order[: n // world_size * world_size]
+    else:
+        total = -(-n // world_size) * world_size
+        while len(order) < total:
+            order += order[: total - len(order)]
+    mine = order[rank::world_size]
+    g = torch.Generator().manual_seed(seed + epoch)
+    return [mine[i] for i in torch.randperm(len(mine), generator=g).tolist()]
+
+# %% 3.1 | no padding: the ranks get unequal shares | expect: the others wait for ever
+def epoch_shard(n: int, world_size: int, rank: int, epoch: int, seed: int = 0, drop_last: bool = False) -> list[int]:
+    g = torch.Generator().manual_seed(seed + epoch)
+    order = torch.randperm(n, generator=g).tolist()
+    if drop_last:
+        order = order[: n // world_size * world_size]
+    return order[rank::world_size]
+
+# %% 3.1 | pads once only (too short when n < N/2) | expect: as many times as needed
+def epoch_shard(n: int, world_size: int, rank: int, epoch: int, seed: int = 0, drop_last: bool = False) -> list[int]:
+    g = torch.Generator().manual_seed(seed + epoch)
+    order = torch.randperm(n, generator=g).tolist()
+    if drop_last:
+        order = order[: n // world_size * world_size]
+    else:
+        total = -(-n // world_size) * world_size
+        order += order[: total - len(order)]
+    return order[rank::world_size]
+
+# %% 3.1 | pads by repeating the last index | expect: pad evenly
+def epoch_shard(n: int, world_size: int, rank: int, epoch: int, seed: int = 0, drop_last: bool = False) -> list[int]:
+    g = torch.Generator().manual_seed(seed + epoch)
+    order = torch.randperm(n, generator=g).tolist()
+    if drop_last:
+        order = order[: n // world_size * world_size]
+    else:
+        total = -(-n // world_size) * world_size
+        order += [order[-1]] * (total - n)
+    return order[rank::world_size]
+
+# %% 3.1 | ignores drop_last (pads anyway) | expect: drop_last=True gives every rank
+def epoch_shard(n: int, world_size: int, rank: int, epoch: int, seed: int = 0, drop_last: bool = False) -> list[int]:
+    g = torch.Generator().manual_seed(seed + epoch)
+    order = torch.randperm(n, generator=g).tolist()
     total = -(-n // world_size) * world_size
-    order += [n - 1] * (total - n)
+    while len(order) < total:
+        order += order[: total - len(order)]
+    return order[rank::world_size]
+
+# %% 3.1 | reseeds the global generator with torch.manual_seed | expect: global random state
+def epoch_shard(n: int, world_size: int, rank: int, epoch: int, seed: int = 0, drop_last: bool = False) -> list[int]:
+    torch.manual_seed(seed + epoch)
+    order = torch.randperm(n).tolist()
+    if drop_last:
+        order = order[: n // world_size * world_size]
+    else:
+        total = -(-n // world_size) * world_size
+        while len(order) < total:
+            order += order[: total - len(order)]
     return order[rank::world_size]
 
 # %% 3.2 | ignores the 1 MiB first bucket | expect: first bucket holds only 1 MiB
@@ -275,6 +348,32 @@ class OverlappedGradSync:
 
     def finish(self) -> None:
         pass
+
+# %% 3.3 | waits on the all-reduce's future inside the hook (blocks backward) | expect: completed before backward
+class OverlappedGradSync:
+    def __init__(self, model: torch.nn.Module, buckets: list[list[int]]):
+        params = list(model.parameters())
+        self.buckets = [[params[i] for i in b] for b in buckets]
+        self.missing = [len(b) for b in self.buckets]
+
+        def on_ready(k):
+            self.missing[k] -= 1
+            if self.missing[k] == 0:
+                bucket = self.buckets[k]
+                flat = torch.cat([p.grad.reshape(-1) for p in bucket])
+                dist.all_reduce(flat, async_op=True).get_future().wait()
+                flat /= dist.get_world_size()
+                offset = 0
+                for p in bucket:
+                    p.grad.copy_(flat[offset:offset + p.numel()].view_as(p.grad))
+                    offset += p.numel()
+
+        for k, bucket in enumerate(self.buckets):
+            for p in bucket:
+                p.register_post_accumulate_grad_hook(lambda _p, k=k: on_ready(k))
+
+    def finish(self) -> None:
+        self.missing = [len(b) for b in self.buckets]
 
 # %% 3.4 | uses only its own rank's squared norm (small batch) | expect: not the same on every rank
 def noise_scale_from_ranks(local_grad: torch.Tensor, local_batch: int) -> float:

@@ -26,6 +26,25 @@ def next_scale(scale, growth_tracker, found_inf, growth_factor=2.0, backoff_fact
         return scale * growth_factor, growth_tracker
     return scale, growth_tracker
 
+# %% 6.1 | imports the lesson's update_scale under the exercise's name (same signature) | expect: write the update yourself
+from m11_helpers.loss_scaling import update_scale as next_scale
+
+# %% 6.1 | delegates to a DynamicLossScaler's update() | expect: write the update yourself
+from m11_helpers.loss_scaling import DynamicLossScaler
+
+
+def next_scale(scale, growth_tracker, found_inf, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000):
+    s = DynamicLossScaler(scale, growth_factor, backoff_factor, growth_interval)
+    s.growth_tracker, s.found_inf = growth_tracker, found_inf
+    s.update()
+    return s.get_scale(), s.growth_tracker
+
+# %% 6.1 | calls GradScaler's own kernel, torch._amp_update_scale_ | expect: write the update yourself
+def next_scale(scale, growth_tracker, found_inf, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000):
+    s, t = torch.tensor([float(scale)]), torch.tensor([growth_tracker], dtype=torch.int32)
+    torch._amp_update_scale_(s, t, torch.tensor([float(found_inf)]), growth_factor, backoff_factor, growth_interval)
+    return s.item(), int(t.item())
+
 # %% 6.2 | delegates to torch.nn.utils.clip_grad_norm_ | expect: write the clipping yourself
 def clip_global_norm_(parameters, max_norm):
     return torch.nn.utils.clip_grad_norm_(parameters, max_norm)
@@ -314,5 +333,5 @@ class MasterWeightsAdamW:
             p.copy_(m)
 
 # %% 6.5 | delegates to the lesson's MasterWeightsAdamW | expect: build the master copy yourself
-class MasterWeightsAdamW(mixed_precision.MasterWeightsAdamW):
+class MasterWeightsAdamW(master_weights.MasterWeightsAdamW):
     pass

@@ -87,6 +87,25 @@ def my_tiled_attention(q, k, v, block, causal=False):
         outs.append(o / tiles)
     return torch.cat(outs, dim=-2)
 
+# %% 9.2 | no running max: sums exp of the raw scores (exact in float64, overflows float32) | expect: running max
+def my_tiled_attention(q, k, v, block, causal=False):
+    T, D = q.shape[-2], q.shape[-1]
+    outs = []
+    for i0 in range(0, T, block):
+        qi = q[..., i0:i0 + block, :] / math.sqrt(D)
+        rows = qi.shape[-2]
+        l, o = qi.new_zeros((*qi.shape[:-1], 1)), torch.zeros_like(qi)
+        for j0 in range(0, i0 + rows if causal else T, block):
+            kj, vj = k[..., j0:j0 + block, :], v[..., j0:j0 + block, :]
+            s = qi @ kj.transpose(-2, -1)
+            if causal:
+                s = s.masked_fill(torch.arange(j0, j0 + kj.shape[-2])[None, :] > torch.arange(i0, i0 + rows)[:, None],
+                                  -math.inf)
+            p = torch.exp(s)  # no max subtracted: e^s overflows once a score passes ~88.7 in float32
+            l, o = l + p.sum(dim=-1, keepdim=True), o + p @ vj
+        outs.append(o / l)
+    return torch.cat(outs, dim=-2)
+
 # %% 9.2 | masks the diagonal too (j < i instead of j ≤ i) | expect: j ≤ i
 def my_tiled_attention(q, k, v, block, causal=False):
     T, D = q.shape[-2], q.shape[-1]

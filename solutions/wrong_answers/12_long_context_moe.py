@@ -245,3 +245,25 @@ def moe_forward(x, expert, gate, local_experts):
     back = x.new_empty((len(order), x.shape[1]))
     dist.all_to_all_single(back, out, output_split_sizes=send, input_split_sizes=recv)
     return back * gate[:, None]
+
+# %% 12.3 | blocking send/recv ordered by rank parity, computes before exchanging (no overlap) | expect: before computing
+def ring_attention_forward(q, k, v):
+    rank, n = dist.get_rank(), dist.get_world_size()
+    D, scale = q.shape[-1], 1.0 / math.sqrt(q.shape[-1])
+    m = q.new_full((*q.shape[:-1], 1), float("-inf"))
+    l = q.new_zeros((*q.shape[:-1], 1))
+    o = torch.zeros_like(q)
+    kv = torch.cat([k, v], dim=-1).contiguous()
+    for step in range(n):
+        s = (q @ kv[..., :D].transpose(-2, -1)) * scale
+        m, l, o = online_softmax_update(m, l, o, s, kv[..., D:])
+        if step < n - 1:
+            nxt = torch.empty_like(kv)
+            if rank % 2 == 0:  # even ranks send first, odd ranks receive first: no deadlock
+                dist.send(kv, (rank + 1) % n)
+                dist.recv(nxt, (rank - 1) % n)
+            else:
+                dist.recv(nxt, (rank - 1) % n)
+                dist.send(kv, (rank + 1) % n)
+            kv = nxt
+    return o / l
