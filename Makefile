@@ -5,23 +5,29 @@
 #   make test-lesson N=05   — one lesson's tests, notebook, grading and wrong answers (about a minute)
 #   make course             — execute every course notebook, print each one's time, build the slides
 #
-# Set-up creates .venv when missing. TORCH_SPEC picks the torch build: the default pin matches the
-# CPU wheel on this project's machines; on a GPU box use e.g. `make test TORCH_SPEC=torch`.
+# Set-up creates .venv when missing. TORCH_SPEC picks the torch version (default: the tested pin),
+# TORCH_INDEX where it comes from (default: pip's index, PyPI). On Linux x86-64 PyPI's torch==2.13.0 is
+# the CUDA build (several GB); for the CPU build, as on this project's machines, set it when .venv is created:
+#   make test TORCH_INDEX=https://download.pytorch.org/whl/cpu
+# (on the torch install line only: torch and its own dependencies; the course's come from pip's index).
+# The test suite is the CPU suite, on any machine: it hides the GPUs (CUDA_VISIBLE_DEVICES=), so every
+# launch(device="auto") in it runs on CPU with gloo. On a GPU box the GPU paths are `make gpu-check`.
 # npm is optional: without it set-up skips the offline slide assets (`m11 slides --cdn` still works).
 
-PYTHON     ?= python3
-TORCH_SPEC ?= torch==2.13.0
-VENV       := .venv
-BIN        := $(VENV)/bin
-STAMP      := $(VENV)/.m11-installed
-PYTEST     := M11_STRICT=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest
+PYTHON      ?= python3
+TORCH_SPEC  ?= torch==2.13.0
+TORCH_INDEX ?=
+VENV        := .venv
+BIN         := $(VENV)/bin
+STAMP       := $(VENV)/.m11-installed
+PYTEST      := CUDA_VISIBLE_DEVICES= M11_STRICT=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest
 
 .PHONY: lab course test test-lesson lint exercises slides clean-notebooks doctor gpu-check
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -q $(if $(TORCH_INDEX),--index-url "$(TORCH_INDEX)") "$(TORCH_SPEC)"
 	$(BIN)/python -m pip install -q -e ".[lab,dev]"
 # offline slide assets (reveal.js, MathJax) need npm once; without npm this says so and set-up goes on
 	$(BIN)/python -m m11_helpers.tools.assets --optional

@@ -4,30 +4,37 @@
     tiled_attention(q, k, v, block_q=16, block_k=16)     # online softmax, one (Bq, Bk) tile at a time
     flash_attention(q, k, v, block_q=16, block_k=16)     # the same forward, saves only O and logsumexp,
                                                          # recomputes the tiles in backward
-    attention_matrix_bytes(b, h, s, 2); flash_hbm_elements(N, d, M); standard_hbm_elements(N, d)
+    attention_matrix_bytes(b, h, s, 2); flash_hbm_elements(N, d, A100_SRAM_BYTES // 2); standard_hbm_elements(N, d)
 
 Shapes: q, k, v are (B, H, T, D). Sources: Dao et al., "FlashAttention: Fast and Memory-Efficient
 Exact Attention with IO-Awareness", NeurIPS 2022 (arXiv:2205.14135) — Algorithm 0 (standard),
 Algorithm 1 (forward), Theorem 2 (HBM accesses); Dao, "FlashAttention-2", 2023 (arXiv:2307.08691) —
 the backward pass with the log-sum-exp. Online softmax: Milakov & Gimelshein 2018 (arXiv:1805.02867).
 Memory is measured with the kit's `m11_helpers.memory.saved_activation_bytes` (lesson 08 teaches it);
-`trace_dispatch` watches which ATen ops a call runs and the largest tensor it builds (exercise 9.2's check).
+the s² bytes come from the kit's one activation model (`m11_helpers.activations`, its "attention
+scores" term). `sdpa_kernels` names the kernel PyTorch's SDPA picks on this build, through the op
+tracer that also watches exercise 9.2 (`m11_helpers.op_trace`).
 """
 
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
 
 import torch
 
+from m11_helpers.activations import activation_bytes
+from m11_helpers.config import TransformerConfig
 from m11_helpers.memory import saved_activation_bytes
+from m11_helpers.op_trace import trace_dispatch
 from m11_helpers.validate import positive_int, positive_real
 
-__all__ = ["naive_attention", "online_softmax_update", "tiled_attention", "flash_attention",
+__all__ = ["A100_SRAM_BYTES", "naive_attention", "online_softmax_update", "tiled_attention", "flash_attention",
            "attention_matrix_bytes", "max_seq_len_for_budget", "qkvo_bytes", "standard_hbm_elements",
-           "flash_hbm_elements", "flash_block_sizes", "saved_bytes_by_method", "largest_intermediate",
-           "DispatchTrace", "trace_dispatch"]
+           "flash_hbm_elements", "flash_block_sizes", "saved_bytes_by_method", "sdpa_kernels"]
+
+# On-chip SRAM of one A100 streaming multiprocessor: "192KB per each of 108 streaming multiprocessors"
+# (Dao et al. 2022, §2.1). FlashAttention's M counts elements: A100_SRAM_BYTES // 2 in fp16/bf16.
+A100_SRAM_BYTES = 192 * 1024
 
 
 def _check_qkv(q, k, v, block_q=1, block_k=1):
@@ -150,10 +157,14 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: 
 # ---------------------------------------------------------------- the byte sums
 
 def attention_matrix_bytes(batch: int, heads: int, seq_len: int, dtype_bytes: int = 2) -> int:
-    """b·h·s²·bytes: one (s × s) score (or probability) matrix per head, per layer (Dao et al. 2022, §1)."""
-    for name, x in (("batch", batch), ("heads", heads), ("seq_len", seq_len), ("dtype_bytes", dtype_bytes)):
-        positive_real(name, x)
-    return batch * heads * seq_len * seq_len * dtype_bytes
+    """b·h·s²·bytes: one (s × s) softmax output per head, per layer (Dao et al. 2022, §1).
+
+    Not a second formula: the "attention scores" term of the kit's activation model (Korthikanti et
+    al. 2022, §4: the a·s²·b of sbh(34 + 5as/h)), for one layer of `heads` heads at `seq_len`.
+    """
+    one = TransformerConfig("one attention layer", vocab_size=1, hidden=positive_int("heads", heads), layers=1,
+                            heads=heads, ffn_hidden=1, seq_len=positive_int("seq_len", seq_len), dropout=False)
+    return activation_bytes(one, batch, dtype_bytes=dtype_bytes)["breakdown"]["attention scores"]
 
 
 def qkvo_bytes(batch: int, heads: int, seq_len: int, head_dim: int, dtype_bytes: int = 2) -> int:
@@ -165,11 +176,13 @@ def qkvo_bytes(batch: int, heads: int, seq_len: int, head_dim: int, dtype_bytes:
 
 
 def max_seq_len_for_budget(budget_bytes: float, batch: int, heads: int, dtype_bytes: int = 2) -> int:
-    """Largest s with b·h·s²·bytes ≤ budget: s = ⌊√(budget / (b·h·bytes))⌋."""
+    """Largest s with b·h·s²·bytes ≤ budget: s = ⌊√(budget / (b·h·bytes))⌋, checked against attention_matrix_bytes."""
     for name, x in (("budget_bytes", budget_bytes), ("batch", batch), ("heads", heads), ("dtype_bytes", dtype_bytes)):
         positive_real(name, x)
-    s = math.isqrt(int(budget_bytes // (batch * heads * dtype_bytes)))
-    while attention_matrix_bytes(batch, heads, s + 1, dtype_bytes) <= budget_bytes:  # guard float rounding
+    s = math.isqrt(int(budget_bytes // (batch * heads * dtype_bytes)))  # 0: not even s = 1 fits
+    while s > 0 and attention_matrix_bytes(batch, heads, s, dtype_bytes) > budget_bytes:  # guard float rounding
+        s -= 1
+    while attention_matrix_bytes(batch, heads, s + 1, dtype_bytes) <= budget_bytes:
         s += 1
     return s
 
@@ -231,43 +244,17 @@ def saved_bytes_by_method(seq_len: int, batch: int = 1, heads: int = 4, head_dim
     }
 
 
-class DispatchTrace(NamedTuple):
-    """What one call did, seen op by op: its result, its largest tensor and the ATen ops it ran."""
+def sdpa_kernels(seq_len: int = 64, heads: int = 4, head_dim: int = 16, causal: bool = True) -> frozenset:
+    """The ATen attention kernels `F.scaled_dot_product_attention` runs here on fp32 CPU inputs that require
+    grad, as `saved_bytes_by_method` calls it: e.g. {"_scaled_dot_product_flash_attention_for_cpu"}.
 
-    out: object
-    largest_numel: int
-    largest_shape: tuple
-    ops: frozenset  # ATen op names, e.g. "mm", "_scaled_dot_product_flash_attention_for_cpu"
-
-
-def trace_dispatch(fn, *inputs, **kwargs) -> DispatchTrace:
-    """Run fn(*inputs, **kwargs) under no_grad and watch every ATen op it dispatches (a TorchDispatchMode).
-
-    A mode sees the ops however they were reached — `F.scaled_dot_product_attention`,
-    `torch.ops.aten...`, `nn.MultiheadAttention` — so a check can tell which kernels ran and whether
-    an (s × s) matrix was ever built, not only what came out.
+    SDPA picks its backend at run time (flash, memory-efficient, math) from the build and the inputs,
+    and what it saves for backward follows the backend: a lesson compares with it only where it knows which ran.
     """
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    if not callable(fn):
-        raise ValueError(f"fn must be callable, got {type(fn).__name__}")
-    best, ops = [0, ()], set()
-
-    class _Watch(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kw=None):
-            out = func(*args, **(kw or {}))
-            ops.add(func.__name__.split(".")[0])  # "mm.default" -> "mm"
-            for t in torch.utils._pytree.tree_leaves(out):
-                if isinstance(t, torch.Tensor) and t.numel() > best[0]:
-                    best[:] = [t.numel(), tuple(t.shape)]
-            return out
-
-    with torch.no_grad(), _Watch():
-        out = fn(*inputs, **kwargs)
-    return DispatchTrace(out, best[0], best[1], frozenset(ops))
-
-
-def largest_intermediate(fn, *inputs, **kwargs) -> tuple[int, tuple]:
-    """(numel, shape) of the largest tensor any op inside fn(*inputs) produced: did it build the s×s matrix?"""
-    t = trace_dispatch(fn, *inputs, **kwargs)
-    return t.largest_numel, t.largest_shape
+    for name, x in (("seq_len", seq_len), ("heads", heads), ("head_dim", head_dim)):
+        positive_int(name, x)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, heads, seq_len, head_dim, generator=g).requires_grad_() for _ in range(3))
+    ops = trace_dispatch(torch.nn.functional.scaled_dot_product_attention, q, k, v, is_causal=causal,
+                         no_grad=False).ops
+    return frozenset(op for op in ops if "attention" in op)

@@ -10,7 +10,8 @@
 loop without the spike guard, the drills and the logging — the same operations in the same order, so
 `reference_loop(run, reference_step)` ends in the same weights as the script, bit for bit
 (tests/test_capstone.py). `single_process_step` is the one-process reference a data-parallel step must
-equal; `step_trial` and `loop_trial` run a step or a loop on real ranks and return what a check needs.
+equal; `step_trial` and `loop_trial` run a step or a loop on real ranks and return what a check needs;
+`plan_trial` runs one step of yours with the lesson's counters (`capstone_measure.Counters`), to check a plan.
 bf16 here is FSDP2's MixedPrecisionPolicy only (the build leaves autocast, lesson 06's lever, out).
 Lesson 11.
 """
@@ -35,7 +36,7 @@ from m11_helpers.reference_run import run_train, script_module
 from m11_helpers.sharded_checkpoint import Checkpointer, complete_steps, weights_checksum
 
 __all__ = ["CapstoneRun", "reference_step", "reference_loop", "single_process_step", "full_grads", "step_trial",
-           "loop_trial"]
+           "loop_trial", "plan_trial"]
 
 
 class CapstoneRun:
@@ -209,3 +210,28 @@ def loop_trial(train_loop: Callable, argv: list, folder: str, *, signal_at: int,
         dist.barrier()  # every rank has read the folder before the next phase writes into it
         del run
     return out
+
+
+def plan_trial(argv: list, train_step: Callable = reference_step) -> dict:
+    """On each rank: one optimizer step of `train_step` in the script's pieces for `argv`, counted as the lesson's
+    sweep counts the script (bytes held, elements moved). A step that raises (a stub not written yet, a bug) is
+    replaced by the script's, so a plan can be checked on its own; "step" says whose ran, "error" why not yours."""
+    from m11_helpers.capstone_measure import Counters
+
+    error = None
+    for step_fn, whose in ((train_step, "yours"), (reference_step, "the script's")):
+        run, counters = CapstoneRun(*argv), Counters()
+        counters.on_build(run.model)
+        try:
+            step_fn(run.model, run.micro_batches(0), run.clip)
+            run.optimizer.step()  # AdamW allocates its moments here: its hooks read the bytes around it
+            counters.on_step({})
+        except Exception as e:  # noqa: BLE001 - the learner's step: reported, and the script's runs instead
+            if step_fn is reference_step:
+                raise
+            error = f"{type(e).__name__}: {e}"[:200]
+            continue
+        finally:
+            counters.close()  # every hook removed, also after a failed step
+        return {"step": whose, "error": error, **counters.values}
+    raise AssertionError("unreachable")  # the script's step either returns or raises

@@ -100,8 +100,8 @@ def lever_table() -> list[dict]:
         {"lever": "ZeRO-3 / FSDP2", "bottleneck": "memory", "saves": "model states 16Ψ → 16Ψ/N",
          "costs": "3Ψ moved per step instead of DDP's 2Ψ", "source": "Rajbhandari et al. 2020 (ZeRO), §5, §7"},
         {"lever": "bf16 compute", "bottleneck": "time, memory",
-         "saves": f"tensor-core rate ({h100['bf16']:g} vs {h100['tf32']:g} TFLOP/s tf32 on an H100); activations: "
-                  f"≈ ½ with bf16 parameters (FSDP2), {r16:.2f}× (batch 16) to {r4:.2f}× (batch 4) under autocast",
+         "saves": f"2× tf32's tensor-core rate ({h100['bf16']:g} TFLOP/s on an H100); activations ≈ ½ with bf16 "
+                  f"parameters, {r16:.2f}× (batch 16) to {r4:.2f}× (batch 4) under autocast",
          "costs": "fp32 master weights kept; autocast saves bf16 weight copies; loss scaling only for fp16",
          "source": "Micikevicius et al. 2018; PyTorch AMP and FSDP2 docs"},
         {"lever": "gradient accumulation", "bottleneck": "memory", "saves": "activations ÷ K at the same global batch",

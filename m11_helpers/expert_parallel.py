@@ -31,6 +31,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from m11_helpers.comm_model import ring_bytes_sent
+from m11_helpers.model_states import gradient_bytes
 from m11_helpers.validate import non_negative_real, positive_int, positive_real
 
 __all__ = ["COMM", "SwiGLUExpert", "Routing", "expert_capacity", "route", "load_balancing_loss", "MoELayer",
@@ -219,9 +221,8 @@ def all_to_all_bytes(tokens: int, hidden: int, top_k: int, world: int, dtype_byt
     return 4 * top_k * tokens * hidden * dtype_bytes * (world - 1) / world
 
 
-def dp_all_reduce_bytes(expert_params: int, world: int, dtype_bytes: int = 2) -> float:
-    """Bytes one rank sends to all-reduce the experts' gradients if they were replicated (plain DP): 2(N−1)/N·P·bytes."""
-    positive_int("expert_params", expert_params)
+def dp_all_reduce_bytes(expert_params: int, world: int, layout: str = "megatron") -> float:
+    """Bytes one rank sends to all-reduce the experts' gradients if they were replicated (plain DP): a ring all-reduce
+    (`comm_model.ring_bytes_sent`, 2(N−1)/N·G) of G = `model_states.gradient_bytes` in `layout`'s reduce dtype."""
     positive_int("world", world)
-    positive_int("dtype_bytes", dtype_bytes)
-    return 2 * (world - 1) / world * expert_params * dtype_bytes
+    return ring_bytes_sent(gradient_bytes(expert_params, layout), world)

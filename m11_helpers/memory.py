@@ -13,7 +13,7 @@ unlike RSS or tracemalloc, which see the allocator, not the graph (docs/cpu-dist
 
 What it does not see: tensors saved *inside* a `torch.utils.checkpoint` region (checkpointing installs
 its own hooks, which win — that is exactly the memory it saves) and the transient peak while backward
-recomputes a segment; `checkpointing.peak_activation_bytes` adds that part. Lessons 07, 08 and 09.
+recomputes a segment; `m11_helpers.activation_costs.measure_step` (lesson 08) measures that part with `live_memory`. Lessons 07, 08 and 09.
 """
 
 from __future__ import annotations

@@ -11,8 +11,9 @@ costs nothing; `to_empty` allocates each rank's shards only (FSDP2 docs, "meta-d
 initialisation"; torchtitan does the same). The weights must then be initialised *as if* the model
 were whole, or a run on 4 ranks would start from different weights than one on 2: every rank draws
 each parameter's full tensor from one seeded generator, in `named_parameters()` order, and keeps its
-own slice (`distribute_tensor(..., src_data_rank=None)`: no communication). That costs one full
-parameter of CPU memory at a time, never the whole model.
+own slice (`distribute_tensor(..., src_data_rank=None)`: no communication; torch < 2.7 has no such
+keyword and scatters rank 0's tensor instead: the same values, since every rank drew the same
+tensor). That costs one full parameter of CPU memory at a time, never the whole model.
 
 The initialisation is GPT-2's (Radford et al. 2019; nanoGPT): Linear and Embedding weights
 N(0, 0.02), biases 0, LayerNorm/RMSNorm weights 1 and biases 0. Buffers are not handled: a model
@@ -66,8 +67,20 @@ def materialize(model: nn.Module, device: torch.device | str, seed: int = 0) -> 
         module, name = owners[id(p)]
         full = init_value(module, name, p.shape, generator).to(p.device)  # p.shape: the GLOBAL shape, DTensor or not
         if isinstance(p, DTensor):
-            local = distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None).to_local()
-            p.to_local().copy_(local)  # this rank's slice of the same full tensor
+            p.to_local().copy_(_local_slice(full, p))  # this rank's slice of the same full tensor
         else:
             p.copy_(full)
     return model
+
+
+def _local_slice(full: torch.Tensor, p: DTensor) -> torch.Tensor:
+    """This rank's part of `full` under `p`'s mesh and placements."""
+    try:
+        # Every rank holds the same `full`: each keeps its own slice, nothing is sent.
+        return distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None).to_local()
+    except TypeError as err:
+        # `src_data_rank` is torch 2.7 (pytorch/pytorch#143883); the floor is 2.6. Without it rank 0's
+        # tensor is scattered: a collective, which every rank reaches here in the same order.
+        if "src_data_rank" not in str(err):
+            raise
+        return distribute_tensor(full, p.device_mesh, p.placements).to_local()

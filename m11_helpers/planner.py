@@ -64,8 +64,9 @@ HDR_200G = Link("InfiniBand HDR (1 port)", 25, "NVIDIA ConnectX-6 / Quantum HDR:
 DGX_A100 = Fabric("DGX A100, one 200 Gb/s HDR NIC per GPU (8 rails)", 8, LINKS["NVLink 3 (A100)"], HDR_200G, 8,
                   "NVIDIA DGX A100 User Guide (8 × ConnectX-6 HDR); NVIDIA DGX SuperPOD reference architecture "
                   "(Selene): rail-optimised compute fabric")
-# An "80 GB" A100 carries 80 GiB of HBM2e (85.9 GB: capacities are binary, issue 20 item 1); 312 TFLOP/s bf16 dense.
-SELENE = Cluster("DGX A100 80GB (Selene)", 80 * GiB / GB, DGX_A100, _A100.peak_tflops["bf16"])
+# An "80 GB" A100 carries 80 GiB of HBM2e, 85.9 GB (HBM capacities are binary: the datasheet's "GB" is GiB,
+# hardware_specs.Chip.memory_bytes); 312 TFLOP/s bf16 dense.
+SELENE = Cluster("DGX A100 80GB (Selene)", _A100.memory_gb, DGX_A100, _A100.peak_tflops["bf16"])
 
 
 def placement_link(fabric: Fabric, size: int, stride: int = 1, p2p: bool = False) -> Link:

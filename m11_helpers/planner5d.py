@@ -9,7 +9,8 @@ from the dp·cp ranks (Megatron-Core's expert-data-parallel layout). Per GPU, fo
 stage: model states from `model_states` (ZeRO over dp·cp, expert states over dp·cp/ep), activations
 from `activations.activation_bytes` (s/cp tokens, ÷t with SP, L layers' worth in flight under 1F1B,
 Korthikanti §4.2.3), communication bytes from each mechanism's helper (TP/SP ring, CP ring, EP
-all-to-all, PP point-to-point, DP gradient reduction) and the link it crosses. Estimates, not
+all-to-all, PP point-to-point, DP gradient reduction) and the link it crosses (lesson 04's
+`planner.placement_link` on lesson 02's rail model, `comm_model.Fabric`). Estimates, not
 measurements: the model, its assumptions and where it differs from each paper are in the lesson.
 """
 
@@ -19,13 +20,15 @@ import dataclasses
 import math
 
 from m11_helpers.activations import activation_bytes
+from m11_helpers.comm_model import HGX_H100, IB_400G, NVLINK_H100, Fabric, Link, ring_bytes_sent
 from m11_helpers.config import TransformerConfig, param_count
 from m11_helpers.context_parallel import ring_bytes_per_rank
 from m11_helpers.expert_parallel import all_to_all_bytes
-from m11_helpers.hardware_specs import IB_400G, NVLINK_H100, Link
+from m11_helpers.hardware_specs import chip
 from m11_helpers.model_states import gradient_bytes, model_state_bytes
 from m11_helpers.overlap import cp_overlap
-from m11_helpers.planner import HEADROOM
+from m11_helpers.pipeline_comm import p2p_bytes
+from m11_helpers.planner import HEADROOM, layer_params, placement_link
 from m11_helpers.sequence_parallel import ring_bytes
 from m11_helpers.validate import one_of, positive_int
 
@@ -54,18 +57,23 @@ class Model5D:
 @dataclasses.dataclass(frozen=True)
 class Cluster5D:
     name: str
-    gpus_per_node: int
-    memory_bytes: float  # per GPU: an "80 GB" HBM3 stack is 80 GiB
-    intra: Link  # inside a node
-    inter: Link  # between nodes, per GPU (one NIC per GPU)
+    memory_bytes: float  # per GPU, bytes: hardware_specs.Chip.memory_bytes (an "80 GB" H100 holds 80 GiB)
+    fabric: Fabric  # GPUs per node, NVLink, NICs per node: lesson 02's rail model (comm_model)
     peak_flops: float  # dense bf16
     mfu: float = 0.5  # the fraction of peak the compute itself reaches (an assumption, as in lesson 04)
 
+    @property
+    def gpus_per_node(self) -> int:
+        return self.fabric.gpus
+
+    @property
+    def intra(self) -> Link:
+        return self.fabric.intra
+
 
 def _layer(cfg: TransformerConfig, ffn: int) -> int:
-    """One layer's parameters at MLP width ffn, from config.param_count (2 layers minus 1)."""
-    c = dataclasses.replace(cfg, ffn_hidden=ffn)
-    return param_count(dataclasses.replace(c, layers=2)) - param_count(dataclasses.replace(c, layers=1))
+    """One layer's parameters at MLP width ffn (planner.layer_params)."""
+    return layer_params(dataclasses.replace(cfg, ffn_hidden=ffn))
 
 
 def params(m: Model5D) -> dict:
@@ -113,11 +121,6 @@ class Plan5D:
     def row(self) -> list:
         return [self.dp, self.tp, self.cp, self.pp, self.ep, self.recompute, self.memory["total"] / 2**30,
                 self.step_s, self.mfu]
-
-
-def _link(inner: int, cluster: Cluster5D) -> Link:
-    """The link a group of consecutive ranks spanning `inner` GPUs crosses: NVLink inside a node, else the NIC."""
-    return cluster.intra if inner <= cluster.gpus_per_node else cluster.inter
 
 
 def _acts(m: Model5D, mb: int, s: int, tp: int, recompute: str, ffn: int) -> dict:
@@ -168,11 +171,14 @@ def evaluate_5d(m: Model5D, cluster: Cluster5D, *, tp: int, cp: int, pp: int, dp
                    * per_mb_layers if cp > 1 else 0.0),
             "ep": (all_to_all_bytes(tokens // (tp if tp > 1 else 1) or 1, cfg.hidden, m.moe.top_k, ep, 2)
                    * moe_here * mcount if m.moe is not None and ep > 1 else 0.0),
-            "pp": 2 * tokens * cfg.hidden * 2 / tp * mcount if pp > 1 else 0.0,
-            "dp": 2 * (dp * cp - 1) / (dp * cp) * gradient_bytes(max(1, int(local)), m.layout)}
-    links = {"tp": _link(tp, cluster), "cp": _link(tp * cp, cluster), "ep": _link(tp * ep, cluster),
-             "pp": _link(tp * cp * pp, cluster), "dp": cluster.inter if dp * cp * tp * pp > cluster.gpus_per_node
-             else cluster.intra}
+            "pp": 2 * p2p_bytes(b, sl, cfg.hidden) / tp * mcount if pp > 1 else 0.0,  # SP: each rank sends 1/t
+            "dp": ring_bytes_sent(gradient_bytes(max(1, int(local)), m.layout), dp * cp)}
+    # rank order tp, cp, pp, dp (EP inside dp·cp, stride tp); lesson 04's placement_link on lesson 02's rails:
+    # rings across nodes ride k rails at once, point-to-point and all-to-all leave through the GPU's own NIC share
+    f = cluster.fabric
+    links = {"tp": placement_link(f, tp), "cp": placement_link(f, cp, tp, p2p=True),
+             "ep": placement_link(f, ep, tp, p2p=True), "pp": placement_link(f, pp, tp * cp, p2p=True),
+             "dp": placement_link(f, dp * cp, tp * pp)}  # the dp·cp group taken as ranks tp·pp apart
     comm_s = {k: v / links[k].bandwidth for k, v in comm.items()}
     flops_rate = cluster.peak_flops * cluster.mfu
     tokens_step = global_batch * s
@@ -225,10 +231,6 @@ def plan_5d(m: Model5D, cluster: Cluster5D, gpus: int, global_batch: int, micro_
     return sorted(plans, key=lambda p: p.step_s)
 
 
-def _gib(x: float) -> float:
-    return x * 2**30
-
-
 # Meta's Llama 3 405B (Dubey et al. 2024, Table 3): 126 layers, h 16384, FFN 53248, 128 heads, 8 KV heads,
 # vocabulary 128,256; long-context stage at 131,072 tokens (§3.4.2).
 LLAMA3_405B_128K = Model5D(TransformerConfig(
@@ -249,10 +251,14 @@ MOE_7B = Model5D(TransformerConfig(
     ffn_hidden=11008, seq_len=4096, gated_mlp=True, norm="rmsnorm", bias=False, tied_embeddings=False,
     learned_positions=False), moe=MoE(experts=8, top_k=2, expert_ffn=5504, moe_layers=32))
 
-_H100 = 989.4e12  # dense bf16 (hardware_specs, "H100 SXM")
-H100_CLUSTER = Cluster5D("HGX H100 80GB, NVLink 4 + 8 × 400G NICs", 8, _gib(80), NVLINK_H100, IB_400G, _H100)
-META_H100 = Cluster5D("Meta Grand Teton H100 80GB, RoCE 400G per GPU (Dubey et al. §3.3.1)", 8, _gib(80),
-                      NVLINK_H100, Link("RoCE 400 Gb/s (1 NIC per GPU)", 50, "Dubey et al. 2024, §3.3.1"), _H100)
-H800_CLUSTER = Cluster5D("H800 80GB, NVLink 160 GB/s + IB 50 GB/s per GPU (DeepSeek-V3 §3.1)", 8, _gib(80),
-                         Link("NVLink (H800)", 160, "DeepSeek-AI 2024, §3.1: 160 GB/s"), IB_400G, _H100)
+_H100 = chip("H100 SXM")  # dense bf16 peak and HBM (hardware_specs); the H800 has the same compute and memory
+_H100_MEM, _H100_PEAK = _H100.memory_bytes, _H100.peak_flops("bf16")
+H100_CLUSTER = Cluster5D("HGX H100 80GB, NVLink 4 + 8 × 400G NICs", _H100_MEM, HGX_H100, _H100_PEAK)
+META_H100 = Cluster5D("Meta Grand Teton H100 80GB, RoCE 400G per GPU (Dubey et al. §3.3.1)", _H100_MEM, Fabric(
+    "Grand Teton: 8 × H100, one 400 Gb/s RoCE NIC per GPU", 8, NVLINK_H100,
+    Link("RoCE 400 Gb/s (1 port)", 50, "Dubey et al. 2024, §3.3.1"), 8, "Dubey et al. 2024, §3.3.1"), _H100_PEAK)
+H800_CLUSTER = Cluster5D("H800 80GB, NVLink 160 GB/s + IB 50 GB/s per GPU (DeepSeek-V3 §3.1)", _H100_MEM, Fabric(
+    "H800 nodes: NVLink 160 GB/s, one 400 Gb/s IB NIC per GPU", 8,
+    Link("NVLink (H800)", 160, "DeepSeek-AI 2024, §3.1: 160 GB/s"), IB_400G, 8,
+    "DeepSeek-AI 2024, §3.1-3.2.2 (IB 50 GB/s, NVLink 160 GB/s per GPU)"), _H100_PEAK)
 

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from m11_helpers.collectives import backend_all_gather, backend_reduce_scatter
+from m11_helpers.comm_model import bus_factor
 from m11_helpers.tensor_parallel import TPMLP, TPAttention
 
 __all__ = ["COMM", "gather_sequence", "scatter_sequence", "gather_linear", "SPBlock",
@@ -40,8 +41,9 @@ COMM: collections.Counter = collections.Counter()
 
 
 def ring_bytes(op: str, full_bytes: float, world: int) -> float:
-    """Bytes one rank sends in a ring: all-gather / reduce-scatter (t−1)/t·S, all-reduce 2(t−1)/t·S (S = the full tensor)."""
-    return (2 if op == "all_reduce" else 1) * (world - 1) / world * full_bytes
+    """Bytes one rank sends in a ring: all-gather / reduce-scatter (t−1)/t·S, all-reduce 2(t−1)/t·S (S = the full
+    tensor): lesson 02's bus factor (`comm_model.bus_factor`, nccl-tests) times S."""
+    return bus_factor(op, world) * full_bytes
 
 
 def _note(op: str, full: torch.Tensor, world: int) -> None:

@@ -22,16 +22,21 @@ from m11_helpers.validate import one_of, positive_int, positive_real
 
 __all__ = ["chip_for", "device_peak", "step_throughput", "GPU_NAMES"]
 
-# torch.cuda.get_device_name() fragments → the row of lesson 01's table with the same dense peaks.
-# PCIe and NVL H100s run other clocks than the SXM part: no row, so no datasheet peak (say so, do not guess).
-GPU_NAMES = [("H100 PCIe", None), ("H100 NVL", None), ("H100", "H100 SXM"), ("H200", "H200 SXM"),
+# torch.cuda.get_device_name() fragments → the row of lesson 01's table with the same dense peaks,
+# first match wins. The PCIe and NVL cards of H100 and H200 run other clocks and power limits than the
+# SXM parts, and the Grace superchips (GH200, GB200) have datasheets of their own ("GH200" also
+# contains "H200"): no row, so no datasheet peak (say so, do not guess). The one lookup for the
+# course: `m11 gpu-check` uses it too.
+GPU_NAMES = [("H100 PCIE", None), ("H100 NVL", None), ("H200 NVL", None), ("GH200", None), ("GB200", None),
+             ("H100", "H100 SXM"), ("H200", "H200 SXM"),
              ("A100", "A100 SXM 80GB"), ("B200", "B200 (HGX)"), ("MI300X", "MI300X")]
 
 
 def chip_for(device_name: str) -> str | None:
     """The CHIPS row for a device name such as 'NVIDIA H100 80GB HBM3', or None when the table has none."""
+    name = device_name.upper()  # 'H100 PCIe', 'A100-PCIE-40GB': the drivers do not agree on case
     for fragment, row in GPU_NAMES:
-        if fragment in device_name:
+        if fragment in name:
             return row
     return None
 

@@ -5,27 +5,32 @@
 
 Memory that must fit on a device is shown in GiB (2³⁰ bytes): an "80 GB" H100 or A100 carries
 80 GiB of HBM (85,899,345,920 B), and allocators, `nvidia-smi` and `torch.cuda` count in GiB too.
-Every number comes from `m11_helpers.zero.memory_breakdown` / `min_gpus`.
+GPU capacities come from `m11_helpers.hardware_specs` (the default: an H100 SXM); every other number
+from `m11_helpers.zero.memory_breakdown` / `min_gpus`.
 """
 
 from __future__ import annotations
 
 from m11_helpers.activations import activation_bytes
 from m11_helpers.config import RUNNING_EXAMPLE, param_count
+from m11_helpers.hardware_specs import CHIPS, chip
 from m11_helpers.quantities import GiB
 from m11_helpers.validate import one_of, positive_int
 from m11_helpers.zero import OFFLOADS, STAGES, memory_breakdown, min_gpus
 
-__all__ = ["lab_rows", "lab_figure", "lab_summary", "memory_lab", "GPU_MEMORY_GIB"]
+__all__ = ["lab_rows", "lab_figure", "lab_summary", "memory_lab", "GPU_MEMORY_GIB", "DEFAULT_GPU"]
 
-GPU_MEMORY_GIB = (16, 24, 40, 80, 141)  # HBM sizes as datasheets label them ("80 GB" = 80 GiB)
+DEFAULT_GPU = chip("H100 SXM")  # the course's GPU: 80 GiB of HBM
+# the slider's capacities: consumer and 40 GB parts, then every GPU in hardware_specs (datasheet labels are
+# GiB: "80 GB" = 80 GiB)
+GPU_MEMORY_GIB = tuple(sorted({16, 24, 40} | {round(c.memory_gib) for c in CHIPS.values() if c.kind == "GPU"}))
 PARTS = [("parameters", "#4C72B0"), ("gradients", "#DD8452"), ("optimizer", "#55A868"), ("activations", "#C44E52")]
 LABELS = {"parameters": "parameters", "gradients": "gradients", "optimizer": "optimizer state",
           "activations": "activations"}
 
 
 def lab_rows(num_params: float, world_size: int, stage: int, *, offload: str = "none",
-             activations: float = 0.0, gpu_bytes: float = 80 * GiB) -> list[dict]:
+             activations: float = 0.0, gpu_bytes: float = DEFAULT_GPU.memory_bytes) -> list[dict]:
     """One row per stage 0..3 at this N: the bar's parts in GiB, its total, whether it fits, the fewest GPUs.
 
     Offload applies where it is valid (parameter offload only at stage 3); `selected` marks `stage`.
@@ -85,12 +90,12 @@ def lab_summary(rows: list[dict], world_size: int) -> str:
 
 
 def memory_lab(num_params_billions: float | None = None, world_size: int = 8, stage: int = 3,
-               gpu_gib: int = 80, activations_gib: float | None = None):
+               gpu_gib: int = round(DEFAULT_GPU.memory_gib), activations_gib: float | None = None):
     """The DP/ZeRO memory lab: sliders → `lab_rows` → stacked bars per GPU vs the capacity line.
 
     Returns the `ipywidgets.interactive` (display it, or read `.children`: the seven controls, then
     the output with an HTML summary line and the figure). Defaults: the 7B running example on
-    8 × 80 GiB, with its activations for one 4096-token sequence under selective recomputation
+    8 H100s (80 GiB each), with its activations for one 4096-token sequence under selective recomputation
     (`activations.activation_bytes`, Korthikanti et al. 2022 §4.2).
     """
     import ipywidgets as w

@@ -9,6 +9,7 @@ from m11_helpers.activations import activation_bytes
 from m11_helpers.capstone_build import (
     CapstoneRun,
     loop_trial,
+    plan_trial,
     reference_loop,
     reference_step,
     single_process_step,
@@ -93,7 +94,7 @@ def test_plan_equals_measured_on_3_processes_for_every_lever():
     # 3 ranks: 64 rows split 22/22/20, so the per-rank plan must follow FSDP2's uneven, padded chunks.
     configs = [Flags(), Flags("ddp", bf16=True), Flags("fsdp2"), Flags("fsdp2", bf16=True, ac=True, accum=2)]
     argv = [f.argv() + ["--steps", 2, "--warmup", 1, "--batch", 24, "--log-every", 2] for f in configs]
-    results = launch(sweep, argv, num_processes=3, timeout=300, show_output=False)
+    results = launch(sweep, argv, num_processes=3, device="cpu", timeout=300, show_output=False)
     for rank, per_rank in enumerate(results):
         for flags, measured in zip(configs, per_rank):
             planned = plan_run(flags, 3, 24, rank=rank)
@@ -130,7 +131,7 @@ def test_gpu_plan_for_the_running_example():
 
 def test_step_equals_one_process_and_the_script(tmp_path):
     cases = [["--parallel", "fsdp2", "--accum", 2, "--batch", 8, "--clip", 0.5], ["--parallel", "ddp", "--batch", 8]]
-    got = launch(step_trial, reference_step, cases, num_processes=2, show_output=False)
+    got = launch(step_trial, reference_step, cases, num_processes=2, device="cpu", show_output=False)
     for argv, *per_rank in zip(cases, *got):
         ref = single_process_step(*argv, world_size=2)
         for r in per_rank:
@@ -146,11 +147,31 @@ def test_step_equals_one_process_and_the_script(tmp_path):
 def test_reference_loop_resumes_after_sigterm_bit_for_bit_like_the_script(tmp_path):
     argv = ["--parallel", "fsdp2", "--accum", 2, "--batch", 8, "--steps", 5, "--warmup", 1, "--ckpt-every", 2,
             "--timeout", 30]
-    got = launch(loop_trial, reference_loop, argv, str(tmp_path), signal_at=1, num_processes=2, timeout=200,
-                 show_output=False)
+    got = launch(loop_trial, reference_loop, argv, str(tmp_path), signal_at=1, num_processes=2, device="cpu",
+                 timeout=200, show_output=False)
     for r in got:
         first, second = r["phases"]
         assert r["error"] is None and first["returned"] == 2 and 2 in first["complete"]  # agreed stop, saved
         assert second["steps"] == [2, 3, 4] and second["returned"] == 5
+        assert 5 in second["complete"]  # the end of the run is checkpointed, off the ckpt-every grid too
         assert first["losses"] + second["losses"] == r["reference"]["losses"]
     assert got[0]["phases"][1]["checksum"] == got[0]["reference"]["checksum"] is not None
+
+
+def _not_written(model, micro_batches, max_norm):
+    raise NotImplementedError("Exercise 11.1: not implemented yet")
+
+
+def _plan_trials(argv):
+    return plan_trial(argv, reference_step), plan_trial(argv, _not_written)
+
+
+def test_plan_trial_counts_a_step_of_the_build_like_the_sweep():
+    flags = Flags("fsdp2", ac=True)  # exercise 11.3's pick for 3 MB on 2 ranks
+    got = launch(_plan_trials, flags.argv() + ["--batch", 16], num_processes=2, device="cpu", show_output=False)
+    for rank, (yours, fallback) in enumerate(got):
+        planned = plan_run(flags, 2, 16, rank=rank)
+        assert yours["step"] == "yours" and yours["error"] is None
+        assert fallback["step"] == "the script's" and fallback["error"].startswith("NotImplementedError")
+        for measured in (yours, fallback):
+            assert [c for c in compare(planned, measured) if c["error"]] == [], rank  # exact, as the sweep

@@ -76,8 +76,9 @@ def test_spot_cost_saves_when_rare_and_costs_when_frequent():
 
 
 def test_on_demand_checkpoints_at_its_own_interval_not_at_spots():
-    # Issue 20 item 8: at 4 preemptions/h spot checkpoints every 7.7 min; an on-demand run that nothing
-    # interrupts writes no checkpoint at all (it used to be charged spot's 780 checkpoints: 125.8 h).
+    # Each side checkpoints at its own interval: at 4 preemptions/h spot checkpoints every 7.7 min; an
+    # on-demand run that nothing interrupts writes no checkpoint at all (it used to be charged spot's 780
+    # checkpoints: 125.8 h).
     c = spot_cost(100, 32.77, discount=0.7, preemptions_per_hour=4, checkpoint_seconds=120, restart_seconds=300)
     assert c["interval_minutes"] == pytest.approx(7.75, abs=0.01) and c["on_demand_interval_minutes"] is None
     assert c["on_demand_hours"] == 100 and c["spot_hours"] == pytest.approx(247.3, abs=0.1)

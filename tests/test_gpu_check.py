@@ -5,12 +5,20 @@ The checks themselves need a CUDA GPU; they run when an instructor (or CI with a
 
 from __future__ import annotations
 
+import os
+import time
+
+import psutil
 import pytest
 import torch
 
+from m11_helpers import environment as environment_module
+from m11_helpers.launch.base import gpu_count
+from m11_helpers.throughput import chip_for
 from m11_helpers.tools import gpu_check
-from m11_helpers.tools.gpu_check import CHECKS, Result, main, report_markdown, run_checks
-from m11_helpers.tools.gpu_check.checks import Check, Outcome, Skip, datasheet_chip
+from m11_helpers.tools.gpu_check import CHECKS, Result, _environment_line, main, report_markdown, run_checks
+from m11_helpers.tools.gpu_check.checks import Check, datasheet_chip
+from support import gpu_checks as fake
 
 
 def test_list_names_every_check(capsys):
@@ -22,7 +30,8 @@ def test_list_names_every_check(capsys):
             "notebooks"} <= names
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: the no-GPU path does not apply")
+# gpu_count(), not torch.cuda.is_available(): that initialises the CUDA driver in this process (launches after it fail)
+@pytest.mark.skipif(gpu_count() > 0, reason="this machine has a GPU: the no-GPU path does not apply")
 def test_without_a_gpu_it_says_so_runs_nothing_and_exits_0(tmp_path, capsys):
     report = tmp_path / "gpu-check.md"
     assert main(["--out", str(report)]) == 0
@@ -37,21 +46,42 @@ def test_bad_arguments_exit_2():
     assert main(["--budget", "0"]) == 2
 
 
-def test_runner_isolates_failures_skips_and_budget(monkeypatch):
-    def boom(ctx):
-        raise RuntimeError("CUDA error: out of memory")
-
-    def skip(ctx):
-        raise Skip("needs 2 GPUs, found 1")
-
-    fake = [Check("ok", "", lambda ctx: Outcome("42 TFLOP/s")), Check("bad", "", boom), Check("skip", "", skip)]
-    monkeypatch.setattr(gpu_check, "CHECKS", fake)
+def test_each_check_runs_in_a_process_of_its_own_and_failures_stay_there(monkeypatch):
+    fake_checks = [Check("pid-a", "", fake.reports_its_pid), Check("bad", "", fake.fails),
+                   Check("skip", "", fake.skips), Check("dies", "", fake.dies), Check("pid-b", "", fake.reports_its_pid)]
+    monkeypatch.setattr(gpu_check, "CHECKS", fake_checks)
     results = run_checks(echo=False)
-    assert [(r.name, r.status) for r in results] == [("ok", "passed"), ("bad", "failed"), ("skip", "skipped")]
+    assert [(r.name, r.status) for r in results] == [("pid-a", "passed"), ("bad", "failed"), ("skip", "skipped"),
+                                                     ("dies", "failed"), ("pid-b", "passed")]
     assert results[1].figure == "RuntimeError: CUDA error: out of memory" and results[2].figure == "needs 2 GPUs, found 1"
+    assert "died" in results[3].figure  # a crash is a failed line; the next check still runs
+    pids = {int(results[0].figure), int(results[4].figure)}
+    assert len(pids) == 2 and os.getpid() not in pids  # a fresh process per check, never this one
     late = run_checks(budget_s=-1, echo=False)  # every check would start after the budget: none runs
     assert all(r.status == "skipped" and "budget" in r.figure for r in late)
     assert [r.name for r in run_checks(["skip"], echo=False)] == ["skip"]
+
+
+def test_a_check_that_outruns_the_budget_is_stopped(monkeypatch):
+    monkeypatch.setattr(gpu_check, "CHECKS", [Check("hangs", "", fake.hangs)])
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    start = time.monotonic()
+    [res] = run_checks(budget_s=5, echo=False)
+    assert res.status == "failed" and "did not finish within the 5 s left of the budget" in res.figure
+    assert time.monotonic() - start < 5 * 3  # stopped at the budget, plus a margin proportional to it
+    assert not [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+
+
+def test_the_environment_line_does_not_initialise_cuda(monkeypatch):
+    def poisons_fork(*args, **kwargs):
+        raise AssertionError("initialises CUDA: every launch(device='cuda') check after it would fail")
+
+    monkeypatch.setattr(torch.cuda, "_lazy_init", poisons_fork)
+    monkeypatch.setattr(torch.cuda, "is_available", poisons_fork)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(environment_module, "_nvml_devices", lambda: [("GPU-a", "NVIDIA H200"), ("GPU-b", "NVIDIA H200")])
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert "2× NVIDIA H200 ·" in _environment_line()
 
 
 def test_report_has_a_line_per_check_and_a_summary():
@@ -64,7 +94,20 @@ def test_report_has_a_line_per_check_and_a_summary():
     assert lines[-1] == "1 passed, 1 failed, 1 skipped."
 
 
-def test_datasheet_rows_are_found_from_cuda_device_names():
-    assert datasheet_chip("NVIDIA H100 80GB HBM3").name.startswith("H100")
-    assert datasheet_chip("NVIDIA A100-SXM4-80GB").name.startswith("A100")
-    assert datasheet_chip("NVIDIA GeForce RTX 4090") is None
+def test_datasheet_rows_come_from_the_course_s_one_name_lookup():
+    assert datasheet_chip("NVIDIA H100 80GB HBM3").name == chip_for("NVIDIA H100 80GB HBM3") == "H100 SXM"
+    assert datasheet_chip("NVIDIA A100-SXM4-80GB").name == "A100 SXM 80GB"
+    assert datasheet_chip("NVIDIA H200").name == "H200 SXM"
+    # other clocks and power limits than the SXM parts, or another datasheet: no peak rather than a wrong one
+    for name in ("NVIDIA H100 PCIe", "NVIDIA H100 NVL", "NVIDIA H200 NVL", "NVIDIA GH200 480GB",
+                 "NVIDIA GeForce RTX 4090"):
+        assert chip_for(name) is None and datasheet_chip(name) is None, name
+
+
+@pytest.mark.skipif(gpu_count() == 0, reason="needs a visible CUDA GPU (make test hides them: run "
+                    "`pytest tests/test_gpu_check.py -k real` on a GPU box)")
+def test_real_checks_on_a_gpu_a_launch_check_passes_after_one_that_computed_on_the_gpu():
+    # In one process, matmul's CUDA initialisation made every later launch(device="cuda") check fail.
+    results = run_checks(["matmul", "fsdp2"], budget_s=300, echo=False)
+    assert [(r.name, r.status) for r in results] == [("matmul", "passed"), ("fsdp2", "passed")], results
+    assert torch.cuda.is_initialized() is False  # this process stayed out of CUDA

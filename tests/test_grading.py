@@ -4,7 +4,7 @@ Fixtures (tests/data/grading/): `solutions/00_demo.ipynb` (2 exercises: 0.1 for 
 3, hidden tests in both checks), the generated `exercises/00_demo.ipynb`, and submissions that get
 0.2 wrong (and "fix" its visible test), hang, ignore SIGINT while hanging, kill the kernel, leave a
 daemon behind, print megabytes, or keep `launch` ranks running (`ranks`: the termination tests).
-`tamper_source/01_tamper.ipynb` has 15 one-line exercises and `submissions/tamper/` cheats on 14 of
+`tamper_source/01_tamper.ipynb` has 19 one-line exercises and `submissions/tamper/` cheats on 18 of
 them, one trick each (graded once, checked case by case). Each grading run costs a pytest process
 and a kernel (~3 s quiet; the tamper run imports torch and launches ranks, ~10 s).
 """
@@ -87,6 +87,67 @@ def test_expect_equal_true_and_passed(capsys: pytest.CaptureFixture) -> None:
         checks.expect_true(False, "the loss to go down", exercise="1.2")
     checks.passed("0.2", points=2)
     assert capsys.readouterr().out == "✔ Exercise 0.2 passed (2 points)\n"
+
+
+class _Anything(int):  # the trick that scored 1/1 on lesson 01: a class that claims to be a builtin
+    __module__ = "builtins"
+    __hash__ = int.__hash__
+
+    def __eq__(self, other):
+        return True
+
+
+def test_a_class_that_claims_a_library_module_is_compared_by_its_value_or_refused() -> None:
+    with pytest.raises(AssertionError, match=r"f\(3\) is wrong") as err:
+        checks.expect_equal(_Anything(5), 6, "f(3)", exercise="1.1")  # its int value, 5, compared by int
+    assert "got:      5" in str(err.value)
+    cheat = type("Cheat", (), {"__module__": "torch", "__eq__": lambda s, o: True, "__hash__": object.__hash__})
+    with pytest.raises(AssertionError, match="instance of Cheat, not a plain value") as err:
+        checks.expect_equal(cheat(), 6, "f(3)", exercise="1.1")
+    assert "<a Cheat object>" in str(err.value)  # its own __repr__ is never called
+    with pytest.raises(AssertionError, match=r"xs\[1\] is wrong"):
+        checks.expect_equal([6, _Anything(0)], [6, 7], "xs", exercise="1.1")
+    with pytest.raises(AssertionError, match=r"d\['a'\] is wrong"):
+        checks.expect_close(type("D", (dict,), {"__eq__": lambda s, o: True})(a=_Anything(1)), {"a": 2.0}, "d",
+                            exercise="1.1")
+    with pytest.raises(AssertionError, match="expected it to hold"):
+        checks.expect_true(type("T", (int,), {"__bool__": lambda s: True})(0), "it to hold", exercise="1.1")
+    checks.expect_equal(_Anything(6), 6, "f(3)", exercise="1.1")  # the right value still passes
+
+
+def test_a_tensor_that_answers_allclose_itself_is_compared_by_its_values() -> None:
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    class Sneaky(torch.Tensor):
+        __module__ = "torch"
+
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            if func in (torch.allclose, torch.Tensor.detach, torch.Tensor.to):
+                return True if func is torch.allclose else torch.ones(2)
+            return super().__torch_function__(func, types, args, kwargs or {})
+
+    with pytest.raises(AssertionError, match="f is wrong"):
+        checks.expect_close(torch.zeros(2).as_subclass(Sneaky), torch.ones(2), "f", exercise="1.1")
+
+    class Always(TorchFunctionMode):  # a mode left on answers every torch.allclose, whatever the tensors
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return True if func is torch.allclose else func(*args, **(kwargs or {}))
+
+    mode = Always()
+    mode.__enter__()
+    try:
+        assert torch.allclose(torch.zeros(2), torch.ones(2))
+        with pytest.raises(AssertionError, match="f is wrong"):
+            checks.expect_close(torch.zeros(2), torch.ones(2), "f", exercise="1.1")
+    finally:
+        mode.__exit__(None, None, None)
+    checks.expect_close(torch.nn.Parameter(torch.ones(2)), torch.ones(2), "a Parameter", exercise="1.1")
+    np = pytest.importorskip("numpy")
+    with pytest.raises(AssertionError, match="an array of Python objects"):
+        checks.expect_close(np.array([_Anything(0)], dtype=object), np.array([1.0]), "a", exercise="1.1")
+    checks.expect_close([np.float64(1.5), np.int64(2)], (1.5, 2), "numpy scalars", exercise="1.1")
 
 
 # ---------------------------------------------------------------- make-exercises
@@ -250,9 +311,15 @@ TAMPER_CASES = {
     "1.11": (0, "builtins.abs was replaced"),
     "1.12": (0, "on_ranks, which the course defines, was redefined in the notebook"),
     "1.13": (0, None),  # an edited course cell: the course's version ran after it; the wrong answer just fails
-    "1.14": (0, "torch.allclose was replaced by code from the notebook"),
-    "1.15": (0, "the grader's guard could not check this cell"),  # right answer, guard stopped: fails closed
+    "1.14": (0, None),  # an int subclass claiming `__module__ = "builtins"`: compared as the int it is
+    "1.15": (0, None),  # a tensor subclass claiming `__module__ = "torch"` that answers allclose: its values
+    "1.16": (0, None),  # a torch function mode left on that answers allclose: off while checks compare
+    "1.17": (0, "the name expect_equal was rebound in the notebook"),  # its `exec` no longer forges the guard
+    "1.18": (0, "torch.allclose was replaced by code from the notebook"),
+    "1.19": (0, "the grader's guard could not check this cell"),  # right answer, guard's exec swapped: fails closed
 }
+TAMPER_WHY = {"1.14": "Exercise 1.14: f14(3) is wrong.", "1.15": "Exercise 1.15: f15(ones) is wrong.",
+              "1.16": "Exercise 1.16: f16(ones) is wrong."}  # plain failures, as the learner reads them
 
 
 @pytest.fixture(scope="module")
@@ -274,6 +341,7 @@ def test_tampering_scores_zero_and_is_named(tampered, exercise: str) -> None:
     assert result["points"] == points, result
     if flag is None:
         assert result["tampering"] == [], result
+        assert result["why"].startswith(TAMPER_WHY.get(exercise, "")), result
     else:
         assert any(flag in t for t in result["tampering"]), result["tampering"]
         assert result["why"].startswith("tampering: ")

@@ -2,7 +2,7 @@
 
 import pytest
 
-from m11_helpers.comm_model import HGX_H100, ONE_NIC_H100, NVLINK_H100, ring_allreduce_time
+from m11_helpers.comm_model import HGX_H100, NVLINK_H100, ONE_NIC_H100, ring_allreduce_time
 from m11_helpers.hsdp import hsdp_step_report, hsdp_vs_fsdp
 from m11_helpers.launch import launch
 

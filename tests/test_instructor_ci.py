@@ -1,9 +1,13 @@
-"""The instructor's CI gives the grade (issue 27): collect at the deadline, check integrity, grade in shards, merge.
+"""The instructor's CI gives the grade: collect at the deadline, check integrity, grade in shards, merge.
 
-The workflow `grade-class.yml` runs locally: its jobs in order (collect, then one grade job per matrix
-entry, then merge), each in a fresh copy of an instructor repository, with the `${{ }}` expressions it
-uses evaluated, `actions/*-artifact` played by a folder, the install steps replaced by this checkout's
-package, and `$GITHUB_OUTPUT` / `$GITHUB_STEP_SUMMARY` as files. Collecting from GitHub Classroom runs
+What it must do: take every submission as it stood at the deadline (by GitHub's push records, not the
+students' clocks), grade each in the sandbox with the hidden tests restored, in parallel shards, and
+give every student a row even when a shard is lost; and run on a runner that has only what its install
+lines bring. The workflow `grade-class.yml` runs locally: its jobs in order (collect, then one grade
+job per matrix entry, then merge), each in a fresh copy of an instructor repository, with the `${{ }}`
+expressions it uses evaluated, `actions/*-artifact` played by a folder, this checkout's package in
+place of the install steps but nothing importable beyond what those steps install
+(tests/support/installs.py), and `$GITHUB_OUTPUT` / `$GITHUB_STEP_SUMMARY` as files. Collecting from GitHub Classroom runs
 real git on real repositories, through a stand-in `gh` on PATH that serves a roster and clones locally.
 """
 
@@ -19,13 +23,16 @@ import shutil
 import subprocess
 import sys
 import zipfile
+from datetime import timedelta
 from pathlib import Path
 
 import nbformat
 import pytest
 
 from m11_helpers.grading import ci, classroom, collect, sandbox
+from m11_helpers.grading.exercises import make_exercise
 from m11_helpers.grading.integrity import inspect
+from support.installs import only_installed, provided_imports
 
 yaml = pytest.importorskip("yaml", reason="PyYAML (a jupyter_events dependency) is needed to read the workflow")
 
@@ -71,9 +78,12 @@ def run_steps(job: dict, ctx: dict, repo: Path, work: Path, artifacts: Path) -> 
     env.update({k: str(value(v, ctx)) for k, v in {**ctx["wf_env"], **job.get("env", {})}.items()})
     if not sandbox.available()[0]:  # the mechanics still run here; `require` is for the real runner
         env["M11_GRADE_SANDBOX"] = "auto"
+    # pip cannot run here: the job gets this checkout, but only what its install lines would bring is importable
+    env = only_installed([s["run"] for s in job["steps"] if "run" in s], work.parent / f"{work.name}-imports", env)
     failed, outputs = False, {}
     for step in job["steps"]:
-        if failed and "always()" not in str(step.get("if", "")):
+        cond = str(step.get("if", ""))
+        if (failed and "always()" not in cond) or (cond and not evaluate(cond, {**ctx, "steps": outputs})):
             continue
         uses, args = step.get("uses", ""), {k: value(v, ctx) for k, v in step.get("with", {}).items()}
         if "upload-artifact" in uses:
@@ -123,22 +133,49 @@ def run_workflow(repo: Path, tmp: Path, inputs: dict, variables: dict) -> tuple[
     return ran, artifacts
 
 
+def test_each_job_installs_what_its_commands_import(tmp_path: Path) -> None:
+    """Each job's `ci` commands run with only what its `pip install` lines bring: collect and merge have no
+    pytest and no torch (a module importing either at the top fails here as on the runner)."""
+    jobs = workflow()["jobs"]
+    runs = {name: [s["run"] for s in job["steps"] if "run" in s] for name, job in jobs.items()}
+    allowed = {name: provided_imports(scripts) for name, scripts in runs.items()}
+    assert not {"pytest", "torch", "nbval"} & (allowed["collect"] | allowed["merge"])  # what the light jobs lack
+    export, subs = tmp_path / "export", tmp_path / "submissions"
+    (export / "ada").mkdir(parents=True)
+    (export / "ada" / "notes.txt").write_text("no notebook")
+    argv = {"due": ["--deadline", DEADLINE, "--event", "workflow_dispatch"],
+            "collect": ["--export", str(export), "--deadline", DEADLINE, "--out", str(subs)],
+            "plan": [str(subs), "--shard-size", "20"],
+            "grade": [str(subs), "--source", str(REPO / "solutions"), "--notebooks", "01_hardware", "--out",
+                      str(tmp_path / "shards" / "shard-1")],
+            "merge": [str(tmp_path / "shards"), "--submissions", str(subs), "--out", str(tmp_path / "reports")]}
+    ran = []
+    for job in ("collect", "grade", "merge"):
+        commands = dict.fromkeys(re.findall(r"m11_helpers\.grading\.ci (\w+)", "\n".join(runs[job])))
+        env = only_installed(runs[job], tmp_path / job, dict(os.environ, M11_GRADE_SANDBOX="auto"))
+        for command in commands:
+            proc = subprocess.run([sys.executable, "-m", "m11_helpers.grading.ci", command, *argv[command]], env=env,
+                                  cwd=tmp_path, capture_output=True, text=True, timeout=300)
+            assert proc.returncode == 0, f"{job}: ci {command}: {proc.stderr[-2000:]}"
+            ran.append(command)
+    assert ran == ["due", "collect", "plan", "grade", "merge"]
+    assert [r.status for r in classroom.read_csv(tmp_path / "reports" / "class.csv")] == ["missing"]
+
+
 # ---------------------------------------------------------------- the class of three
 
 def answered(edit: bool) -> nbformat.NotebookNode:
-    """The exercise notebook with the solution's answers; `edit`: 1.2 answered wrong and its check "fixed",
-    the 1.3 check deleted."""
-    nb = nbformat.read(REPO / "exercises" / LESSON, as_version=4)
+    """The exercise notebook (made from the solution, as `m11 make-exercises` makes it) with the solution's
+    answers; `edit`: 1.2 left unanswered (its stub) and its check "fixed", the 1.3 check deleted."""
     sol = nbformat.read(REPO / "solutions" / LESSON, as_version=4)
+    nb = make_exercise(sol, LESSON)
     answers = {c.metadata["m11"]["exercise"]: c.source for c in sol.cells
                if c.metadata.get("m11", {}).get("role") == "solution" and c.cell_type == "code"}
     cells = []
     for c in nb.cells:
         meta = c.metadata.get("m11", {})
-        if meta.get("role") == "solution" and c.cell_type == "code":
+        if meta.get("role") == "solution" and c.cell_type == "code" and not (edit and meta["exercise"] == "1.2"):
             c.source = answers[meta["exercise"]]
-            if edit and meta["exercise"] == "1.2":
-                c.source = c.source.replace("min(peak_flops, intensity * bandwidth)", "max(peak_flops, intensity * bandwidth)")
         if edit and meta.get("role") == "check" and meta["exercise"] == "1.2":
             c.source = 'passed("1.2", points=2)'
         if not (edit and meta.get("role") == "check" and meta["exercise"] == "1.3"):
@@ -173,6 +210,42 @@ def test_workflow_collects_once_grades_in_a_matrix_merges_and_keeps_the_token_in
     checkouts = [s for job in jobs.values() for s in job["steps"] if "checkout" in s.get("uses", "")]
     assert checkouts and all(s["with"]["persist-credentials"] is False for s in checkouts)
     assert "${{" not in "".join(runs.values()), "expressions go through env:, never into a script"
+    steps = {s.get("id") or s.get("name"): s for s in jobs["collect"]["steps"]}
+    assert steps["Collect the submissions at the deadline"]["if"] == "steps.due.outputs.run == 'true'"
+    assert "ci due" in steps["due"]["run"] and "github.token" in steps["due"]["env"]["GH_TOKEN"]
+    assert wf["permissions"] == {"contents": "read", "actions": "read"}
+    (publish,) = [s for s in jobs["merge"]["steps"] if "upload-artifact" in s.get("uses", "")]
+    assert publish["with"]["name"] == "${{ needs.collect.outputs.artifact }}"  # what `ci due` looks for
+
+
+def test_a_scheduled_run_grades_once_within_a_day_after_the_deadline(tmp_path: Path, monkeypatch, capsys) -> None:
+    """Not every day after the deadline (300 students × 35 s ≈ 3 h of runner time a day): before it, nothing;
+    within 24 h, once (not if a grade artifact for this deadline exists); after that, only by hand."""
+    when = collect.parse_deadline(DEADLINE)
+    at = lambda hours: when + timedelta(hours=hours)  # noqa: E731
+    assert ci.due(DEADLINE, "schedule", now=at(-2)) == (False, f"the deadline ({DEADLINE}) has not passed")
+    assert ci.due(DEADLINE, "schedule", now=at(2)) == (True, "the deadline has passed")
+    assert not ci.due(DEADLINE, "schedule", now=at(25))[0] and ci.due(DEADLINE, "workflow_dispatch", now=at(500))[0]
+    assert not ci.due("", "schedule")[0]
+    listing = tmp_path / "artifacts.json"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "gh").write_text(f"""#!/bin/bash
+[ "$*" = "api repos/org/course/actions/artifacts?name=class-grades-2025-03-14T2359Z&per_page=100" ] || exit 1
+[ -f {listing} ] && cat {listing} || {{ echo "HTTP 403: Resource not accessible by integration" >&2; exit 1; }}
+""")
+    (bin_dir / "gh").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    assert ci.due(DEADLINE, "schedule", "org/course", now=at(2))[0]  # GitHub cannot say: grade rather than not
+    assert "could not list this repository's artifacts" in capsys.readouterr().err
+    for expired, graded in ((True, True), (False, False)):
+        listing.write_text(json.dumps({"total_count": 1, "artifacts": [
+            {"name": "class-grades-2025-03-14T2359Z", "expired": expired, "workflow_run": {"id": 42}}]}))
+        assert ci.due(DEADLINE, "schedule", "org/course", now=at(2))[0] is graded
+    assert ci.due(DEADLINE, "schedule", "org/course", now=at(2))[1] == (
+        "already graded for this deadline: class-grades-2025-03-14T2359Z exists (run 42)")
+    assert ci.main(["due", "--deadline", DEADLINE, "--event", "schedule"]) == 0  # now: long past
+    assert capsys.readouterr().out == "run=false\nartifact=class-grades-2025-03-14T2359Z\n"
 
 
 @pytest.mark.slow
@@ -191,7 +264,7 @@ def test_the_workflow_grades_a_class_of_three_in_two_shards(tmp_path: Path) -> N
                                                    "source": "lms/export.zip"}, {"M11_SHARD_SIZE": "2"})
     assert ran["grade"] == [{"shard": 1, "shards": 2}, {"shard": 2, "shards": 2}]
     assert sorted(p.name for p in artifacts.glob("shard-*")) == ["shard-1", "shard-2"]
-    grades = artifacts / "class-grades"
+    grades = artifacts / ci.artifact_name(DEADLINE)  # class-grades-2025-03-14T2359Z
     rows = {r["student"]: r for r in csv.DictReader(open(grades / "class.csv", encoding="utf-8"))}
     top = points(None)
     assert {s: (float(r["score"]), float(r["max"]), r["status"]) for s, r in rows.items()} == {
@@ -200,7 +273,7 @@ def test_the_workflow_grades_a_class_of_three_in_two_shards(tmp_path: Path) -> N
     assert rows["honest"]["notes"] == "" and "no 01_hardware.ipynb" in rows["missing"]["notes"]
     for student in rows:
         assert (grades / student / "report.md").is_file()
-    assert "Exercise 1.2" in (grades / "edited" / "report.md").read_text()  # the course's check caught max()
+    assert "Exercise 1.2" in (grades / "edited" / "report.md").read_text()  # the course's check ran on the stub
     summary = (artifacts / "summary.md").read_text()
     assert "3 students" in summary and "| edited | 01_hardware.ipynb |" in summary
 
@@ -214,34 +287,61 @@ def git(repo: Path, *args: str, when: str = "") -> str:
                           text=True).stdout.strip()
 
 
-def test_collect_from_classroom_takes_the_commit_at_the_deadline(tmp_path: Path, monkeypatch) -> None:
-    remotes = tmp_path / "remotes"
+def push_event(sha: str, when: str, kind: str = "push") -> dict:
+    """One record of GitHub's repository activity API, as `gh api repos/O/R/activity` returns it."""
+    return {"id": abs(hash((sha, when))), "before": "0" * 40, "after": sha, "ref": "refs/heads/main",
+            "timestamp": when, "activity_type": kind, "actor": {"login": "student"}}
+
+
+def test_collect_from_classroom_takes_the_head_of_the_last_push_before_the_deadline(tmp_path: Path,
+                                                                                    monkeypatch) -> None:
+    """GitHub's push records decide, never commit dates (the student's clock): `back` commits after the deadline
+    with a date before it, `force` rewrites its history after the deadline; `nolog`'s records cannot be read,
+    so its commit dates decide and its row says so."""
+    remotes, activity = tmp_path / "remotes", tmp_path / "activity"
+    activity.mkdir()
     shas = {}
-    for name, commits in {"hw-ada": ["2025-03-10T12:00:00Z", "2025-03-16T09:00:00Z"],
-                          "hw-bob": ["2025-03-12T12:00:00Z"], "hw-late": ["2025-03-20T12:00:00Z"]}.items():
+    # per repository: (commit date, push time or None: the push record is missing, amend: rewrite the last commit)
+    plans = {"hw-ada": [("2025-03-10T12:00:00Z", "2025-03-10T12:01:00Z"), ("2025-03-16T09:00:00Z", "2025-03-16T09:01:00Z")],
+             "hw-bob": [("2025-03-12T12:00:00Z", "2025-03-12T12:01:00Z")],
+             "hw-late": [("2025-03-20T12:00:00Z", "2025-03-20T12:01:00Z")],
+             "hw-back": [("2025-03-10T12:00:00Z", "2025-03-10T12:01:00Z"), ("2025-03-14T20:00:00Z", "2025-03-16T08:00:00Z")],
+             "hw-force": [("2025-03-12T12:00:00Z", "2025-03-12T12:01:00Z"), ("2025-03-13T12:00:00Z", "2025-03-17T10:00:00Z",
+                                                                             "amend")],
+             "hw-nolog": [("2025-03-10T12:00:00Z", None), ("2025-03-16T09:00:00Z", None)]}
+    for name, commits in plans.items():
         repo = remotes / "org" / name
         (repo / "exercises").mkdir(parents=True)
         git(repo, "init", "-q", "-b", "main")
-        for i, when in enumerate(commits):
+        events = []
+        for i, (when, pushed, *amend) in enumerate(commits):
             (repo / "exercises" / LESSON).write_text(f"{name} version {i}")
             if i == 0:
                 (repo / "leak").symlink_to("/etc/passwd")
                 (repo / ".github" / "workflows").mkdir(parents=True)
                 (repo / ".github" / "workflows" / "grade.yml").write_text("on: push")
             git(repo, "add", "-A")
-            git(repo, "commit", "-qm", f"v{i}", when=when)
+            git(repo, "commit", "-qm", f"v{i}", *(["--amend"] if amend else []), when=when)
             shas.setdefault(name, []).append(git(repo, "rev-parse", "HEAD"))
+            if pushed:
+                events.append(push_event(shas[name][-1], pushed, "force_push" if amend else "push"))
+        if name != "hw-nolog":  # newest first, as GitHub lists them
+            (activity / f"{name}.json").write_text(json.dumps(events[::-1]))
     pages = [[{"students": [{"login": "ada"}], "repository": {"full_name": "org/hw-ada"}},
               {"students": [{"login": "bob"}, {"login": "cy"}], "repository": {"full_name": "org/hw-bob"}}],
              [{"students": [{"login": "late"}], "repository": {"full_name": "org/hw-late"}},
-              {"students": [{"login": "gone"}], "repository": {"full_name": "org/hw-gone"}}]]  # deleted repo
+              {"students": [{"login": "gone"}], "repository": {"full_name": "org/hw-gone"}}],  # deleted repo
+             [{"students": [{"login": s}], "repository": {"full_name": f"org/hw-{s}"}} for s in ("back", "force", "nolog")]]
     (tmp_path / "roster.json").write_text("".join(json.dumps(p) for p in pages))  # gh --paginate: pages back to back
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "gh").write_text(f"""#!/bin/bash
-case "$1 $2" in
-  "api --paginate") [ "$3" = /assignments/77/accepted_assignments ] && cat {tmp_path}/roster.json ;;
-  "repo clone") git clone --quiet "{remotes}/$3" "$4" ;;
+case "$1 $2 $3" in
+  "api --paginate /assignments/77/accepted_assignments") cat {tmp_path}/roster.json ;;
+  "api --paginate repos/org/"*"/activity?ref=refs/heads/main&per_page=100")
+    f="{activity}/$(echo "$3" | cut -d/ -f3).json"
+    [ -f "$f" ] && cat "$f" || {{ echo "HTTP 404: Not Found" >&2; exit 1; }} ;;
+  "repo clone "*) git clone --quiet "{remotes}/$3" "$4" ;;
   *) echo "unexpected: $*" >&2; exit 1 ;;
 esac
 """)
@@ -250,16 +350,25 @@ esac
     out = tmp_path / "submissions"
     assert ci.main(["collect", "--classroom", "77", "--deadline", DEADLINE, "--out", str(out)]) == 0
     rows = collect.read_manifest(out)
-    assert {s: (r["commit"], r["late"]) for s, r in rows.items()} == {
-        "ada": (shas["hw-ada"][0], "yes"), "bob+cy": (shas["hw-bob"][0], "no"),
-        "late": ("", "yes"), "gone": ("", "")}
-    assert rows["late"]["notes"] == "no commit before the deadline" and (out / "late").is_dir()
+    assert {s: (r["commit"], r["dated"], r["late"]) for s, r in rows.items()} == {
+        "ada": (shas["hw-ada"][0], shas["hw-ada"][0], "yes"), "bob+cy": (shas["hw-bob"][0], shas["hw-bob"][0], "no"),
+        "late": ("", "", "yes"), "gone": ("", "", ""),
+        "back": (shas["hw-back"][0], shas["hw-back"][1], "yes"),  # dated before the deadline, pushed after it
+        "force": (shas["hw-force"][0], shas["hw-force"][1], "yes"),  # the force-push after it changes nothing
+        "nolog": (shas["hw-nolog"][0], shas["hw-nolog"][0], "yes")}
+    assert rows["late"]["notes"] == "no push before the deadline" and (out / "late").is_dir()
     assert rows["gone"]["notes"].startswith("not collected: ")
+    for s in ("back", "force"):
+        assert "commit dates disagree with GitHub's push records" in rows[s]["notes"], rows[s]
+        assert (out / s / "exercises" / LESSON).read_text() == f"hw-{s} version 0"
+    assert rows["nolog"]["notes"].startswith("GitHub's push records could not be read") and \
+        "graded by commit dates" in rows["nolog"]["notes"]
+    assert rows["ada"]["notes"] == rows["bob+cy"]["notes"] == ""
     assert rows["ada"]["head"] == shas["hw-ada"][1] and rows["ada"]["origin"] == "https://github.com/org/hw-ada"
     assert (out / "ada" / "exercises" / LESSON).read_text() == "hw-ada version 0"
-    assert sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()) == [
-        "ada/exercises/01_hardware.ipynb", "bob+cy/exercises/01_hardware.ipynb", "manifest.csv"]
-    assert classroom.students(out) == ["ada", "bob+cy", "gone", "late"]  # each gets a row ("missing"), never none
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()) == sorted([
+        *(f"{s}/exercises/01_hardware.ipynb" for s in ("ada", "back", "bob+cy", "force", "nolog")), "manifest.csv"])
+    assert classroom.students(out) == ["ada", "back", "bob+cy", "force", "gone", "late", "nolog"]  # each gets a row
     status, _, notes = inspect(out / "gone", LESSON, REPO / "solutions")
     assert (status, notes) == ("missing", [f"no {LESSON} in the submission"])
 
@@ -311,6 +420,33 @@ def test_integrity_gives_a_clear_row_never_a_crash(tmp_path: Path) -> None:
     assert got["edited"][:2] == ("graded", LESSON) and [n.split(";")[0] for n in got["edited"][2]] == [
         "integrity: the check cell of exercise 1.2 was edited", "integrity: the check cell of exercise 1.3 was deleted"]
     assert got["empty"] == ("missing", None, [f"no {LESSON} in the submission"])
+
+
+def test_a_linked_submission_is_no_ones_work(tmp_path: Path) -> None:
+    """Hostile: alice links bob's notebook, carol links the solution; dave's folder is a link to bob's. None is
+    graded as theirs (the grader reads notebooks outside the sandbox, where links resolve), and an export
+    that holds links is collected without them."""
+    klass = tmp_path / "class"
+    (klass / "bob").mkdir(parents=True)
+    (klass / "bob" / LESSON).write_bytes((REPO / "solutions" / LESSON).read_bytes())
+    (klass / "alice").mkdir()
+    (klass / "alice" / LESSON).symlink_to(Path("..") / "bob" / LESSON)
+    (klass / "carol" / "work").mkdir(parents=True)
+    (klass / "carol" / "work" / f"Copy of {LESSON}").symlink_to(REPO / "solutions" / LESSON)  # found by exercise ids
+    (klass / "dave").symlink_to("bob", target_is_directory=True)
+    graded = []
+    fake = lambda path, *a: graded.append(path) or classroom.NotebookResult(str(path))  # grading itself is not tested
+    rows = {r.student: r for r in classroom.grade_class(klass, REPO / "solutions", tmp_path / "out", fake, [LESSON])}
+    assert graded == [klass / "bob" / LESSON]
+    assert {s: r.status for s, r in rows.items()} == {"alice": "not a notebook", "bob": "graded", "carol": "missing",
+                                                      "dave": "not a notebook"}
+    assert "a symbolic link" in rows["alice"].notes and "a symbolic link" in rows["dave"].notes
+    assert "ignored symbolic links: work/Copy of 01_hardware.ipynb" in rows["carol"].notes
+    export = tmp_path / "export"
+    shutil.copytree(klass, export, symlinks=True)
+    collect.collect_export(export, None, tmp_path / "collected")
+    links = [p for p in (tmp_path / "collected").rglob("*") if p.is_symlink()]
+    assert not links and not (tmp_path / "collected" / "alice" / LESSON).exists()
 
 
 def test_plan_and_merge_report_every_student_even_when_a_shard_is_lost(tmp_path: Path, capsys) -> None:

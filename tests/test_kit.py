@@ -12,13 +12,14 @@ import time
 import psutil
 import pytest
 
-from m11_helpers import REPO, __version__, setup
+from m11_helpers import REPO, __version__, procs, setup, tether
+from m11_helpers import environment as environment_module
 from m11_helpers.display import Table, show_table
-from m11_helpers.environment import environment, setup_line
-from m11_helpers import procs
+from m11_helpers.environment import environment, gpu_names, setup_line
+from m11_helpers.launch.base import gpu_count
 from m11_helpers.procs import die_with_parent, kill_descendants, kill_tree, stop, subreaper
-from m11_helpers.tether import tethered_popen
 from m11_helpers.resources import course_scripts, script_path
+from m11_helpers.tether import tethered_popen
 from m11_helpers.timing import Timing, format_seconds, time_it
 from m11_helpers.validate import fraction, non_negative_int, non_negative_real, one_of, positive_int, positive_real
 
@@ -96,6 +97,24 @@ def test_die_with_parent_and_subreaper_catch_orphans():
         kill_descendants()
         assert not [p for p in psutil.Process().children() if p.status() != "zombie"]
     assert callable(die_with_parent)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux")
+def test_die_with_parent_exits_when_the_parent_is_already_gone():
+    # parent=1: "the process that forked me" is not our real parent, as after the parent died before
+    # the call; no death signal would ever come, so the child must not run on.
+    code = "from m11_helpers.procs import die_with_parent\ndie_with_parent(parent=1)\nprint('ran on')\n"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "ran on" not in out.stdout
+    code = f"from m11_helpers.procs import die_with_parent\ndie_with_parent(parent={os.getpid()})\nprint('ran on')\n"
+    assert "ran on" in subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
+
+
+def test_the_supervisor_is_its_own_module_and_procs_keeps_the_primitives():
+    assert set(tether.__all__) == {"tethered", "tethered_popen", "end_descendants"}
+    assert not set(tether.__all__) & set(dir(procs)), "procs re-exports nothing of tether"
+    argv = tether.tethered(["true"])
+    assert argv[0] == sys.executable and tether.__file__ in argv[2] and argv[-2:] == ["--", "true"]
 
 
 # A program whose child escapes into a session of its own (as torchrun's ranks do), then sleeps or exits.
@@ -192,3 +211,78 @@ def test_setup_seeds_and_prints_where_launches_run(capsys):
     assert env == environment() and setup_line(env).startswith(f"torch {env['torch']}")
     assert REPO.count("/") == 1 and __version__.count(".") == 2
     assert os.environ.get("OMP_NUM_THREADS") in (None, "1") or True  # the environment is reported, not changed
+
+
+# A fresh interpreter (nothing of pytest's imports): the setup cell, then a launch as a lesson's next cell does.
+SETUP_THEN_LAUNCH = """
+import torch, torch.distributed as dist
+from m11_helpers import setup
+from m11_helpers.launch import launch
+env = setup(seed=0)
+print("initialised after setup:", torch.cuda.is_initialized())
+if env["gpus"]:
+    print(launch(lambda: (torch.ones(1, device="cuda").device.type, dist.get_backend()), num_processes=1,
+                 show_output=False, timeout=120))
+"""
+
+
+def test_the_setup_cell_leaves_cuda_uninitialised_in_a_fresh_interpreter():
+    out = subprocess.run([sys.executable, "-c", SETUP_THEN_LAUNCH], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "initialised after setup: False" in out.stdout
+
+
+@pytest.mark.skipif(gpu_count() == 0, reason="needs a visible CUDA GPU (make test hides them: run this file "
+                    "with `pytest tests/test_kit.py -k gpu` on a GPU box)")
+def test_on_a_gpu_box_a_launch_after_the_setup_cell_gets_its_gpu():
+    out = subprocess.run([sys.executable, "-c", SETUP_THEN_LAUNCH], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "[('cuda', 'nccl')]" in out.stdout, out.stdout + out.stderr
+
+
+H100, A100 = "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"
+TWO_GPUS = [("GPU-1a2b", H100), ("GPU-3c4d", A100)]  # (UUID, name) as NVML lists them
+
+
+def _gpu_box(monkeypatch, visible: int, devices=TWO_GPUS) -> None:
+    """Pretend to be a GPU box whose NVML sees `devices`; anything that initialises CUDA raises."""
+    import torch
+
+    def poisons_fork(*args, **kwargs):
+        raise AssertionError("this initialises CUDA (or poisons fork): no launch() could use CUDA after it")
+
+    monkeypatch.setattr(torch.cuda, "_lazy_init", poisons_fork)  # get_device_name, get_device_properties, …
+    monkeypatch.setattr(torch.cuda, "is_available", poisons_fork)  # cudaGetDeviceCount marks later forks bad
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: visible)  # NVML-based: no CUDA initialisation
+    monkeypatch.setattr(environment_module, "_nvml_devices", lambda: devices)
+
+
+def test_setup_and_environment_never_initialise_cuda(monkeypatch, capsys):
+    import torch
+
+    _gpu_box(monkeypatch, visible=2, devices=[("GPU-1a2b", H100), ("GPU-3c4d", H100)])
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("PYTORCH_NVML_BASED_CUDA_CHECK", raising=False)
+    env = setup(seed=0)
+    assert env["gpus"] == [H100, H100] and (env["device"], env["backend"], env["default_processes"]) == ("cuda", "nccl", 2)
+    assert f"2× {H100} → launch() runs 2 real processes on CUDA with nccl" in capsys.readouterr().out
+    assert environment() == env
+    assert torch.cuda.is_initialized() is False  # and nothing got past the spies to initialise it
+    # a lesson's later torch.cuda.is_available() then counts through NVML too (torch reads this variable)
+    assert os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] == "1"
+
+
+@pytest.mark.parametrize("visible_devices, count, names", [
+    (None, 2, [H100, A100]),
+    ("1", 1, [A100]),
+    ("GPU-3c", 1, [A100]),  # a UUID prefix, as CUDA accepts it
+    ("1,0", 2, [A100, H100]),
+    ("MIG-5e6f", 1, ["CUDA GPU"]),  # a MIG slice of a mixed box: no name we can vouch for
+])
+def test_gpu_names_follow_cuda_visible_devices(monkeypatch, visible_devices, count, names):
+    _gpu_box(monkeypatch, visible=count)
+    if visible_devices is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible_devices)
+    assert gpu_names() == names

@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 from m11_helpers.launch import LaunchError, LaunchTimeout, accelerate_command, launch, launch_plan, launch_script
+from m11_helpers.launch.watch import DRAIN_S, _drain
 
 
 @pytest.fixture(autouse=True)
@@ -116,6 +117,44 @@ def test_a_collective_that_never_completes_ends_at_the_timeout():
     assert "rank 1 was at" in str(info.value)  # where each stuck rank was
 
 
+def _leaves_a_child_running(own_session: bool):
+    import subprocess
+
+    # Inherits the rank's stdout, the launch's output pipe: the pipe stays open while it runs.
+    # In a session of its own it is out of the rank's process group too (as torchrun's ranks are).
+    return subprocess.Popen(["sleep", "60"], start_new_session=own_session).pid
+
+
+@pytest.mark.parametrize("own_session", [False, True], ids=["in-the-rank-s-group", "own-session"])
+def test_a_child_a_rank_left_running_neither_delays_the_launch_nor_outlives_it(own_session):
+    timeout = 20
+    start = time.monotonic()
+    pids = launch(_leaves_a_child_running, own_session, num_processes=2, timeout=timeout, show_output=False)
+    assert time.monotonic() - start < timeout  # not the child's 60 s: the timeout holds
+    deadline = time.monotonic() + 5
+    alive = pids
+    while alive and time.monotonic() < deadline:  # re-parented to init once its rank exited: init reaps it
+        alive = [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
+        time.sleep(0.05)
+    for pid in alive:  # leave nothing even when the test fails
+        psutil.Process(pid).kill()
+    assert not alive, "the ranks' children outlived the launch"
+
+
+def test_draining_output_stops_at_its_deadline_when_a_pipe_stays_open():
+    # A child that left its rank's process group (setsid), of a rank killed before it could end it,
+    # keeps the output pipe open: the drain keeps what was written and stops at its deadline.
+    r, w = os.pipe()
+    try:
+        os.write(w, b"last words\n")
+        output = {0: bytearray()}
+        start = time.monotonic()
+        _drain([r], {r: 0}, output, start + DRAIN_S)
+        assert DRAIN_S <= time.monotonic() - start < 10 * DRAIN_S and output[0] == b"last words\n"
+    finally:
+        os.close(r), os.close(w)
+
+
 def test_two_launches_at_once_do_not_clash():
     import threading
 
@@ -155,6 +194,21 @@ def test_a_non_callable_is_refused():
 def test_cuda_without_gpus_is_refused():
     with pytest.raises(ValueError, match="needs one GPU per process"):
         launch_plan(2, device="cuda")
+
+
+def _backend():
+    return dist.get_backend()
+
+
+def test_auto_runs_cpu_ranks_when_this_process_already_initialised_cuda(monkeypatch, capsys):
+    # A 2-GPU box whose kernel already computed on a GPU (lessons do, on GPU boxes): forks cannot use CUDA.
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    assert launch_plan(2).device == "cuda"  # what auto would pick in a fresh process
+    assert launch(_backend, num_processes=2, show_output=False, timeout=TIMEOUT) == ["gloo", "gloo"]
+    assert "ranks run on CPU with gloo" in capsys.readouterr().err
+    with pytest.raises(LaunchError, match="CUDA was already initialised"):
+        launch(_backend, num_processes=2, device="cuda")  # asked for GPUs: say why there are none
 
 
 SCRIPT = """

@@ -1,4 +1,5 @@
-"""Nothing outlives its caller: `launch_script` and `m11 course` under every way the caller can end (issue 25).
+"""Nothing outlives its caller: `launch_script` and `m11 course` under every way the caller can end
+(SIGKILL, SIGTERM, SIGINT during a hang, a JupyterLab restart): no rank, agent or helper survives it.
 
 Each test starts real callers (separate Python processes) whose run writes a file per step, ends
 them the way a learner or JupyterLab would, then checks with psutil that no process carrying the
@@ -315,3 +316,38 @@ def test_m11_course_prints_its_own_lines_only(tmp_path):
     assert out.stderr == ""
     lines = out.stdout.splitlines()
     assert [line.split()[:2] for line in lines] == [["ok", "a.ipynb"], ["total", lines[1].split()[1]]]
+
+
+# A caller whose launch() children ask to die with it only after it was SIGKILLed (the race between
+# fork and PR_SET_PDEATHSIG, widened to seconds): each child prints its pid, then waits.
+LATE = """
+import os, sys, time
+import m11_helpers.launch.fork as fork
+real = fork.die_with_parent
+
+def late(*args, **kwargs):
+    print(os.getpid(), flush=True)
+    time.sleep(2)  # the caller dies meanwhile
+    real(*args, **kwargs)
+
+fork.die_with_parent = late
+fork.launch(int, num_processes=2, timeout=600)
+"""
+
+
+def test_launch_children_whose_caller_died_before_they_set_the_death_signal_exit():
+    caller = subprocess.Popen([sys.executable, "-c", LATE], stdout=subprocess.PIPE, text=True)
+    children = [int(caller.stdout.readline()) for _ in range(3)]  # the store and two ranks
+    caller.kill()
+    caller.wait()
+
+    def alive() -> list[int]:
+        return [pid for pid in children if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
+
+    deadline = time.monotonic() + 30
+    while alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = alive()
+    for pid in left:  # leave nothing even when the test fails
+        psutil.Process(pid).kill()
+    assert not left, f"left running after their caller died: {left} (the store loops forever)"

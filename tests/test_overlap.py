@@ -1,10 +1,19 @@
-"""Overlap arithmetic (lessons 04, 05, 12): per-layer compute against the communication hidden behind it."""
+"""Overlap arithmetic (lessons 04, 05, 12): per-layer compute against the communication hidden behind it; the
+rail-model helpers added to comm_model for it (cluster_collective_time, group_link, ring_collective_time)."""
 
 import dataclasses
 import math
 
 import pytest
 
+from m11_helpers.comm_model import (
+    HGX_H100,
+    ONE_NIC_H100,
+    cluster_allreduce_time,
+    cluster_collective_time,
+    group_link,
+    ring_collective_time,
+)
 from m11_helpers.config import RUNNING_EXAMPLE, param_count
 from m11_helpers.hardware_specs import IB_400G, NVLINK_H100, Link, chip
 from m11_helpers.overlap import (
@@ -14,6 +23,7 @@ from m11_helpers.overlap import (
     layer_params,
     min_tokens,
     overlap_curves,
+    ring_link,
     tp_overlap,
 )
 
@@ -64,3 +74,32 @@ def test_curves_and_bad_input():
         fsdp_overlap(RUNNING_EXAMPLE, 10, 0, IB_400G, F)
     with pytest.raises(ValueError, match="mfu"):
         overlap_curves(RUNNING_EXAMPLE, [1], F, 2, IB_400G, 2, IB_400G, 2, IB_400G, mfu=2.0)
+
+
+def test_a_fabric_runs_fsdp_on_every_rail():
+    # lesson 02's rail model: a flat ring over 8 HGX nodes crosses the network on 8 rails, min(NVLink, 8 × 50 GB/s)
+    cfg, F_ = RUNNING_EXAMPLE, F
+    assert ring_link(HGX_H100, 64).gbs_per_direction == 400 and ring_link(HGX_H100, 8) is NVLINK_H100
+    assert ring_link(ONE_NIC_H100, 64).gbs_per_direction == 50 and ring_link(IB_400G, 64) is IB_400G
+    rails, one_nic = min_tokens("fsdp", cfg, 64, HGX_H100, F_), min_tokens("fsdp", cfg, 64, ONE_NIC_H100, F_)
+    assert 1100 < rails < 1300 and one_nic == pytest.approx(min_tokens("fsdp", cfg, 64, IB_400G, F_))
+    assert one_nic > 6 * rails  # 8× the bandwidth, less the α terms
+    p = layer_params(cfg) * 2
+    assert fsdp_overlap(cfg, 4096, 64, HGX_H100, F_).comm_s == pytest.approx(
+        3 * cluster_collective_time("all_gather", p, 8, HGX_H100))  # 2 all-gathers + a reduce-scatter, same time
+    assert cluster_collective_time("all_reduce", p, 8, HGX_H100) == pytest.approx(cluster_allreduce_time(p, 8, HGX_H100))
+    with pytest.raises(ValueError, match="whole nodes"):
+        fsdp_overlap(cfg, 4096, 12, HGX_H100, F_)
+
+
+def test_group_link_generalises_rail_link():
+    assert group_link(HGX_H100, 1).gbs_per_direction == HGX_H100.rail_link().gbs_per_direction == 50
+    assert group_link(HGX_H100, 8).bandwidth == HGX_H100.network_bandwidth()  # a flat ring: every rail
+    assert group_link(ONE_NIC_H100, 8).gbs_per_direction == 50 and group_link(ONE_NIC_H100, 1).gbs_per_direction == 6.25
+    assert group_link(HGX_H100, 4).alpha == IB_400G.alpha  # a hop across nodes pays the NIC's latency
+    with pytest.raises(ValueError, match="per_node"):
+        group_link(HGX_H100, 16)
+    a, b = 5e-6, 1 / 50e9
+    assert ring_collective_time("all_gather", 1e9, 8, a, b) == pytest.approx(7 * a + 7 / 8 * 1e9 * b)
+    with pytest.raises(ValueError, match="op"):
+        ring_collective_time("broadcast", 1e9, 8, a, b)

@@ -8,6 +8,8 @@
 3. (tests/test_version_floors.py: the floors cover the APIs used; fallbacks with newer APIs hidden.)
 4. The kernel-side proof of "imported from the wheel" fires when it should (tests/support/wheel.py).
 5. Set-up without npm: the Makefile's asset step exits 0 and says what decks then need.
+6. The Makefile: torch from the index TORCH_INDEX names (torch only), the suite with the GPUs hidden;
+   the [dev] extra brings the build backend the wheel tests build with (no build isolation).
 
 The two venvs are cached under build/venvs/ (keyed by what goes in); the tests skip, saying why,
 only when the package index is unreachable.
@@ -244,6 +246,93 @@ def test_setup_without_npm_skips_the_slide_assets_and_says_what_to_do(tmp_path: 
     assert "npm was not found" in out.stdout and "m11 slides --cdn" in out.stdout
     assert f"{sys.executable} -m m11_helpers.tools.assets" in out.stdout  # this interpreter, not `.venv/`
     assert not (tmp_path / "assets").exists()
+
+
+def _tarball(path: Path) -> Path:
+    """An npm-pack-like tarball: require.js, plus members that try to land outside the folder."""
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w:gz") as tar:
+        for name, kind, data in [("package/require.js", tarfile.REGTYPE, b"// require.js"),
+                                 ("package/../../escaped.txt", tarfile.REGTYPE, b"x"),
+                                 ("/tmp/m11-absolute.txt", tarfile.REGTYPE, b"x"),
+                                 ("package/link", tarfile.SYMTYPE, b"")]:
+            info = tarfile.TarInfo(name)
+            info.type, info.size, info.mode = kind, len(data), 0o4755  # setuid: must not survive
+            if kind == tarfile.SYMTYPE:
+                info.linkname = "/etc/passwd"
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def test_slide_assets_unpack_safely_on_a_python_without_tar_filters(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    import tarfile
+
+    from m11_helpers.tools import assets
+
+    # Python 3.10.0-3.10.11 (the floor is 3.10): no data_filter, and extractall(filter=...) is a TypeError
+    real = tarfile.TarFile.extractall
+
+    def extractall_3_10_11(self, path=".", members=None, *, numeric_owner=False, **unknown):
+        if unknown:
+            raise TypeError(f"extractall() got an unexpected keyword argument {next(iter(unknown))!r}")
+        return real(self, path, members, numeric_owner=numeric_owner)
+
+    monkeypatch.delattr(tarfile, "data_filter")
+    monkeypatch.setattr(tarfile.TarFile, "extractall", extractall_3_10_11)
+    npm_dir = tmp_path / "npm"
+    npm_dir.mkdir()
+    tgz = _tarball(npm_dir / "requirejs-2.3.8.tgz")
+    fake_npm = npm_dir / "npm"  # `npm pack NAME@VERSION`: the tarball in cwd, its name on stdout
+    fake_npm.write_text(f"#!/bin/sh\ncp {tgz} .\necho {tgz.name}\n")
+    fake_npm.chmod(0o755)
+    monkeypatch.setattr(assets, "_npm", lambda: str(fake_npm))
+    work, dest = tmp_path / "work" / "deep", tmp_path / "dest"
+    work.mkdir(parents=True)
+    assets._fetch("requirejs", "2.3.8", work, dest)  # set-up's path: it must not raise
+    kept = dest / "require.js" / "require.js"
+    assert kept.read_bytes() == b"// require.js" and not kept.stat().st_mode & 0o7000
+    unpacked = work / "requirejs-unpacked"
+    assert sorted(p.relative_to(unpacked).as_posix() for p in unpacked.rglob("*")) == ["package", "package/require.js"]
+    assert not (work / "escaped.txt").exists()  # where package/../../ points
+    assert not Path("/tmp/m11-absolute.txt").exists()
+
+
+def _make_n(*args: str) -> list[str]:
+    """The commands `make` would run (nothing runs), with this interpreter's venv as VENV."""
+    out = subprocess.run(["make", "-n", "--no-print-directory", f"VENV={sys.prefix}", *args], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.splitlines()
+
+
+def test_setup_takes_torch_alone_from_the_index_named_by_torch_index() -> None:
+    stamp = ("-B", f"{sys.prefix}/.m11-installed")
+    default = [ln for ln in _make_n(*stamp) if "pip install" in ln]
+    assert default and not [ln for ln in default if "--index-url" in ln]  # pip's own index unless told
+    cpu = "https://download.pytorch.org/whl/cpu"
+    told = [ln for ln in _make_n(*stamp, f"TORCH_INDEX={cpu}") if "pip install" in ln]
+    (torch_line,) = [ln for ln in told if '"torch==' in ln]
+    assert f'--index-url "{cpu}"' in torch_line
+    assert not [ln for ln in told if "--index-url" in ln and ln != torch_line]  # the rest: pip's index
+
+
+def test_make_test_runs_the_cpu_suite_with_the_gpus_hidden() -> None:
+    stamp = ("-o", f"{sys.prefix}/.m11-installed")  # as if set up: only the test commands
+    for target in (["test"], ["test-lesson", "N=05"]):
+        (line,) = [ln for ln in _make_n(*stamp, *target) if "-m pytest" in ln]
+        assert re.search(r"(^|\s)CUDA_VISIBLE_DEVICES= ", line), line  # an empty value: no GPU visible
+
+
+def test_the_dev_extra_brings_the_build_backend_the_wheel_tests_build_with() -> None:
+    assert "--no-build-isolation" in (ROOT / "tests" / "support" / "wheel.py").read_text(encoding="utf-8")
+    build = [Requirement(r) for r in tomllib.loads((ROOT / "pyproject.toml").read_text())["build-system"]["requires"]]
+    dev = {_norm(r.name): r for r in map(Requirement, PROJECT["optional-dependencies"]["dev"])}
+    for req in build:
+        assert _norm(req.name) in dev and dev[_norm(req.name)].specifier == req.specifier, \
+            f"[dev] must bring {req} (the wheel is built without build isolation)"
 
 
 # ------------------------------------------------------------------------------------------------

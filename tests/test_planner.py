@@ -5,6 +5,7 @@ import pytest
 from m11_helpers.activations import activation_bytes
 from m11_helpers.config import RUNNING_EXAMPLE, param_count
 from m11_helpers.planner import (
+    DGX_A100,
     MEGATRON_1T,
     MEGATRON_TABLE1,
     SELENE,
@@ -13,6 +14,7 @@ from m11_helpers.planner import (
     first_stage_params,
     megatron_rule,
     memory_per_gpu,
+    placement_link,
     plan_3d,
     traffic,
 )
@@ -82,6 +84,30 @@ def test_plan_3d_is_sorted_and_consistent():
     assert plans and all(p.dp * p.tp * p.pp == 64 and p.fits for p in plans)
     assert [p.step_s for p in plans] == sorted(p.step_s for p in plans)
     assert all(p.tp <= 8 for p in plans[:3])  # the fastest keep tensor parallelism inside a node
+
+
+def test_zero1_moves_the_rule():
+    # ZeRO-1 shards master + Adam (12 B/param) over dp: 4 + 12/dp bytes per parameter (exercise 4.4 derives it)
+    z, n = memory_per_gpu(RUNNING_EXAMPLE, tp=1, pp=1, dp=64, zero1=True), param_count(RUNNING_EXAMPLE)
+    assert z["states"] * 1e9 == pytest.approx(4 * n + 12 * -(-n // 64))
+    seven_b = megatron_rule(RUNNING_EXAMPLE, SELENE, 64, 512, zero1=True)
+    assert (seven_b.dp, seven_b.tp, seven_b.pp) == (64, 1, 1)  # without ZeRO-1: (32, 2, 1)
+    one_t = megatron_rule(MEGATRON_1T, SELENE, 3072, 3072, zero1=True)
+    assert (one_t.dp, one_t.tp, one_t.pp) == (24, 8, 16) and one_t.fits  # PP 16 instead of the published 64
+
+
+def test_links_follow_megatrons_rank_order_on_the_rails():
+    # DGX A100: NVLink 3 inside a node, one 25 GB/s HDR NIC per GPU (lesson 02's comm_model.Fabric)
+    assert SELENE.gpus_per_node == 8 and SELENE.nvlink_gbps == 300 and SELENE.ib_gbps == 25
+    assert placement_link(DGX_A100, 8) is DGX_A100.intra  # TP 8: one node
+    assert placement_link(DGX_A100, 16).gbs_per_direction == 200  # TP 16: a ring on 8 rails, 8 × 25
+    assert placement_link(DGX_A100, 6, 512).gbs_per_direction == 25  # DP of the 1T: one GPU per node, its own rail
+    assert placement_link(DGX_A100, 32, 2).gbs_per_direction == 100  # 4 of the group per node: 4 rails
+    assert placement_link(DGX_A100, 64, 8, p2p=True).gbs_per_direction == 25  # pipeline hops: the GPU's own NIC
+    assert placement_link(DGX_A100, 2, 2, p2p=True) is DGX_A100.intra  # neighbouring stages in one node
+    rows = {r["kind"]: r for r in traffic(MEGATRON_1T, SELENE, dp=6, tp=8, pp=64, global_batch=3072)}
+    assert rows["TP"]["placed_s"] == pytest.approx(rows["TP"]["nvlink_s"])
+    assert rows["PP"]["placed_s"] == pytest.approx(rows["PP"]["ib_s"]) and rows["TP"]["ib_s"] > 10 * rows["TP"]["nvlink_s"]
 
 
 @pytest.mark.parametrize("kw", [dict(tp=0, pp=1), dict(tp=1, pp=-1), dict(tp=1, pp=1, recompute="some")])

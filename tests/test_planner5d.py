@@ -70,6 +70,17 @@ def test_planner_finds_long_context_layouts_that_pure_dp_cannot():
     assert any(p.ep > 1 for p in moe)
 
 
+def test_links_come_from_lesson_02s_rails():
+    # H100_CLUSTER is comm_model.HGX_H100: a DP ring over all 64 GPUs runs on 8 rails at once (400 GB/s per GPU),
+    # one GPU per node (TP 8 inside) rides its own rail (50 GB/s); not one NIC's 50 GB/s for every ring
+    assert H100_CLUSTER.fabric.nics == 8 and H100_CLUSTER.gpus_per_node == 8
+    flat = evaluate_5d(MOE_7B, H100_CLUSTER, tp=1, cp=1, pp=1, dp=64, global_batch=512)
+    assert flat.comm_s["dp"] == pytest.approx(flat.comm_bytes["dp"] / 400e9)
+    rail = evaluate_5d(M7_128K, H100_CLUSTER, tp=8, cp=1, pp=1, dp=8, global_batch=64, recompute="full")
+    assert rail.comm_s["dp"] == pytest.approx(rail.comm_bytes["dp"] / 50e9)
+    assert rail.comm_s["tp"] == pytest.approx(rail.comm_bytes["tp"] / H100_CLUSTER.intra.bandwidth)
+
+
 def test_bad_input():
     with pytest.raises(ValueError, match="ep"):
         evaluate_5d(MOE_7B, H100_CLUSTER, tp=1, cp=1, pp=1, dp=4, ep=3, global_batch=8)

@@ -1,4 +1,5 @@
-"""The grading sandbox (issue 26): a submission sees nothing but itself.
+"""The grading sandbox: a submission sees nothing but itself (not the solutions, other students' work, the
+network), within limits on memory, processes and time, and every other file is left byte-for-byte intact.
 
 Real processes throughout: bubblewrap's namespaces, real rlimits, real notebooks graded by `m11 grade`.
 Fixtures in tests/data/grading/hostile/ (README.md there): submissions that read the solutions

@@ -1,8 +1,10 @@
 """The student repository template grades itself: its workflow's `run:` steps, run locally.
 
 The steps of `.github/workflows/grade.yml` run in order in a copy of the template holding one
-exercise notebook, with `if: always()` honoured, the install step replaced by this checkout's
-package (already on PATH), and `$GITHUB_STEP_SUMMARY` pointed at a file. `uses:` steps (checkout,
+exercise notebook, with `if: always()` honoured, this checkout's package (already on PATH) in place of
+the install step but nothing importable beyond what that step's install line brings
+(tests/support/installs.py: the `[grade]` extra or `m11 grade` cannot run), and `$GITHUB_STEP_SUMMARY`
+pointed at a file. `uses:` steps (checkout,
 setup-python, upload-artifact) are GitHub's; for the upload we check that its paths exist.
 """
 
@@ -17,6 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from m11_helpers.tools.setup_cell import install_spec
+from support.installs import only_installed, provided_imports
+
 yaml = pytest.importorskip("yaml", reason="PyYAML (a jupyter_events dependency) is needed to read the workflow")
 
 REPO = Path(__file__).resolve().parents[1]
@@ -24,10 +29,18 @@ TEMPLATE = REPO / "m11_helpers" / "grading" / "templates" / "student_repo"
 WORKFLOW = TEMPLATE / ".github" / "workflows" / "grade.yml"
 LESSON = "01_hardware.ipynb"  # formulas only, no processes: grades in seconds
 COURSE_URL = "git+https://github.com/m11-course/training-at-scale"
+GRADE_IMPORTS = {"nbformat", "nbval", "pytest", "nbclient", "ipykernel", "jupyter_client", "torch"}  # `m11 grade`'s
 
 
 def workflow() -> dict:
     return yaml.safe_load(WORKFLOW.read_text())
+
+
+def install_steps(wf: dict) -> list[str]:
+    """The job's install scripts, their `$VAR`s filled in from the workflow's env."""
+    (job,) = wf["jobs"].values()
+    fill = lambda text: re.sub(r"\$\{?(\w+)\}?", lambda m: str(wf["env"].get(m.group(1), m.group(0))), text)
+    return [fill(s["run"]) for s in job["steps"] if "pip install" in s.get("run", "")]
 
 
 def run_job(repo: Path, min_score: str, only: str | None = None) -> tuple[int, list[tuple[str, int]], str]:
@@ -40,6 +53,7 @@ def run_job(repo: Path, min_score: str, only: str | None = None) -> tuple[int, l
     env.update({k: str(v) for k, v in {**wf.get("env", {}), **job.get("env", {})}.items() if "${{" not in str(v)})
     env.update(MIN_SCORE=min_score, GITHUB_STEP_SUMMARY=str(summary), CI="true",
                PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    env = only_installed(install_steps(wf), repo.parent / "imports", env)  # pip cannot run here: only what it would bring
     failed, ran = False, []
     for step in job["steps"]:
         name = step.get("name") or step.get("uses", "")
@@ -71,6 +85,11 @@ def test_workflow_installs_the_course_grades_uploads_and_gates() -> None:
     (job,) = wf["jobs"].values()
     runs = "\n".join(s.get("run", "") for s in job["steps"])
     assert COURSE_URL in str(wf["env"]) and "pip install" in runs
+    # the course with the grader's extra, at this release's tag: what the README tells students to install too
+    assert wf["env"]["COURSE"] == install_spec(extra="grade")
+    assert f'pip install "{install_spec(extra="grade")}"' in (TEMPLATE / "README.md").read_text()
+    brought = provided_imports(install_steps(wf))
+    assert GRADE_IMPORTS <= brought, f"the install step does not bring {GRADE_IMPORTS - brought}"
     assert "m11 grade exercises/ --min-score 0 --out reports/" in runs
     assert "GITHUB_STEP_SUMMARY" in runs
     uploads = [s for s in job["steps"] if "upload-artifact" in s.get("uses", "")]

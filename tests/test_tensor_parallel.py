@@ -110,7 +110,7 @@ def test_lesson_demo_equals_unsharded_and_counts_collectives(lesson_ranks):
 
 
 def test_column_parallel_output_is_gathered_not_reduced(lesson_ranks):
-    # Issue 20 item 10: after a column-parallel layer an all-reduce is wrong; all-gather rebuilds the output,
+    # The claim "a column-parallel split is followed by an all-reduce" is wrong: an all-gather rebuilds the output,
     # and before a row-parallel layer nothing is needed (its one all-reduce sums partial products).
     for res in lesson_ranks:
         c = res["column"]

@@ -17,20 +17,31 @@ import pytest
 
 from m11_helpers.grading.exercises import m11_meta
 from m11_helpers.grading.grader import grade_notebook
-from m11_helpers.grading.wrong_answers import parse, run_wrong_answers, wrong_answers_path
+from m11_helpers.grading.wrong_answers import NOTEBOOK_TIMEOUT, parse, run_wrong_answers, wrong_answers_path
 
 ROOT = Path(__file__).resolve().parents[1]
-SOLUTIONS = sorted((ROOT / "solutions").glob("[0-9][0-9]_*.ipynb"))
-RECORDED = [p for p in SOLUTIONS if wrong_answers_path(p).exists()]
+
+
+def lessons(root: Path) -> list[Path]:
+    """Every lesson's solution notebook: each must record its wrong answers (a missing file fails, never skips)."""
+    return sorted((root / "solutions").glob("[0-9][0-9]_*.ipynb"))
+
+
+SOLUTIONS = lessons(ROOT)
+# pytest's own limit (pyproject: 300 s) would cut a lesson's run short on a loaded machine: each test gets the
+# runner's limit (NOTEBOOK_TIMEOUT per graded run it makes) plus a minute to start the kernel and clean up
+MARGIN_S = 60
 DEMO = Path(__file__).parent / "data" / "grading" / "solutions" / "00_demo.ipynb"
-# the equivalence sample: the grader's fixture, lesson 00, and the first of these lessons with recorded answers
+# the equivalence sample: the grader's fixture, lesson 00, and the first of these lessons
 CHEAP = ("01_hardware", "08_activation_checkpointing", "07_gradient_accumulation", "03_data_parallel",
          "06_mixed_precision", "09_efficiency", "02_collectives", "05_zero_fsdp", "04_model_parallel")
 _runs: dict[Path, tuple] = {}  # one graded run per lesson, shared by the tests below
 
 
 def _answers(solution: Path):
-    return parse(wrong_answers_path(solution).read_text(encoding="utf-8"), str(wrong_answers_path(solution)))
+    path = wrong_answers_path(solution)
+    assert path.is_file(), f"{solution.name} records no wrong answers: write {path.parent.name}/{path.name}"
+    return parse(path.read_text(encoding="utf-8"), str(path))
 
 
 def _run(solution: Path) -> tuple[list[str], list]:
@@ -49,7 +60,7 @@ def test_parse_reads_headers_and_rejects_malformed_ones():
         parse("# %% 3.2 forgot the bars\nx = 1\n")
 
 
-@pytest.mark.parametrize("solution", RECORDED, ids=[p.stem for p in RECORDED])
+@pytest.mark.parametrize("solution", SOLUTIONS, ids=[p.stem for p in SOLUTIONS])
 def test_every_exercise_records_two_wrong_answers(solution):
     nb = nbformat.read(solution, as_version=4)
     exercises = {str(m11_meta(c)["exercise"]) for c in nb.cells if m11_meta(c).get("role") == "check"}
@@ -58,8 +69,18 @@ def test_every_exercise_records_two_wrong_answers(solution):
     assert all(n >= 2 for n in counts.values()), f"fewer than two wrong answers: {counts}"
 
 
+def test_a_lesson_without_a_wrong_answers_file_fails(tmp_path):
+    (tmp_path / "solutions").mkdir()
+    lone = tmp_path / "solutions" / "99_lone.ipynb"
+    lone.write_bytes(DEMO.read_bytes())
+    assert lessons(tmp_path) == [lone]  # listed like every lesson, not dropped for lacking its file
+    with pytest.raises(AssertionError, match="99_lone.ipynb records no wrong answers: write wrong_answers/99_lone.py"):
+        test_every_exercise_records_two_wrong_answers(lone)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("solution", [DEMO, *RECORDED], ids=["grader-fixture", *(p.stem for p in RECORDED)])
+@pytest.mark.timeout(NOTEBOOK_TIMEOUT + MARGIN_S)
+@pytest.mark.parametrize("solution", [DEMO, *SOLUTIONS], ids=["grader-fixture", *(p.stem for p in SOLUTIONS)])
 def test_wrong_answers_score_zero_with_their_hint(solution):
     failures, verdicts = _run(solution)
     assert not failures, f"the solution itself does not score full marks: {failures}"
@@ -69,11 +90,12 @@ def test_wrong_answers_score_zero_with_their_hint(solution):
 
 
 def _sample() -> list[tuple[Path, int]]:
-    third = next((p for name in CHEAP for p in RECORDED if p.stem == name), None)
-    return [(DEMO, 2), *((p, 0) for p in (ROOT / "solutions" / "00_welcome.ipynb", third) if p in RECORDED)]
+    third = next((p for name in CHEAP for p in SOLUTIONS if p.stem == name), None)
+    return [(DEMO, 2), *((p, 0) for p in (ROOT / "solutions" / "00_welcome.ipynb", third) if p in SOLUTIONS)]
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2 * NOTEBOOK_TIMEOUT + MARGIN_S)  # one answer's graded run, then `m11 grade` of the notebook
 @pytest.mark.parametrize("solution, index", _sample(), ids=[f"{p.stem}-{i}" for p, i in _sample()])
 def test_one_kernel_verdict_equals_m11_grade_on_the_substituted_notebook(solution, index, tmp_path):
     answer = _answers(solution)[index]
@@ -84,7 +106,8 @@ def test_one_kernel_verdict_equals_m11_grade_on_the_substituted_notebook(solutio
              and str(m11_meta(c).get("exercise")) == answer.exercise]
     cells[answer.cell].source = answer.source
     nbformat.write(nb, tmp_path / solution.name)
-    graded = grade_notebook(tmp_path / solution.name, solution.parent, cell_timeout=120, notebook_timeout=600)
+    graded = grade_notebook(tmp_path / solution.name, solution.parent, cell_timeout=120,
+                            notebook_timeout=NOTEBOOK_TIMEOUT)
     result = next(e for e in graded.exercises if e.exercise == answer.exercise)
     assert verdict.scored_zero == (result.points == 0), (verdict, result)
     assert verdict.why.splitlines()[0] == result.why.splitlines()[0], (verdict.why, result.why)
@@ -93,7 +116,7 @@ def test_one_kernel_verdict_equals_m11_grade_on_the_substituted_notebook(solutio
 def test_wrong_answers_never_ship(wheel):
     from support.wheel import wheel_file
 
-    for solution in RECORDED:
+    for solution in SOLUTIONS:
         shipped = nbformat.read(ROOT / "exercises" / solution.name, as_version=4)
         text = "\n".join(c.source for c in shipped.cells)
         assert "wrong_answers" not in text and "# %%" not in text, solution.name

@@ -7,6 +7,7 @@ import torch
 
 from m11_helpers.comm_model import ring_bytes_sent
 from m11_helpers.config import RUNNING_EXAMPLE, TINY_GPT, param_count
+from m11_helpers.hardware_specs import chip
 from m11_helpers.launch import launch
 from m11_helpers.model_states import gradient_bytes, model_state_bytes
 from m11_helpers.quantities import GB, GiB
@@ -65,17 +66,20 @@ def test_min_gpus_100b_on_40gb_and_the_unit_matters():
     assert min_gpus(100e9, 40 * GiB, 3) == 38 and min_gpus(100e9, 40 * GB, 3) == 40
     assert min_gpus(100e9, 40 * GiB, 0) is None
     assert min_gpus(100e9, 40 * GiB, 1) is None  # 4Ψ = 400 GB of replicated weights and grads
-    n = min_gpus(RUNNING_EXAMPLE_PARAMS, 80 * GiB, 1)
-    assert memory_per_gpu(RUNNING_EXAMPLE_PARAMS, n, 1) <= 80 * GiB < memory_per_gpu(RUNNING_EXAMPLE_PARAMS, n - 1, 1)
-    # the lesson's fit call: ZeRO-1 with one sequence's activations (no recomputation) fits on 21 GPUs of
-    # 80 GiB and on no number of "80e9-byte" GPUs
+    hbm = H100.memory_bytes  # an "80 GB" H100: 80 GiB
+    assert hbm == 80 * GiB
+    n = min_gpus(RUNNING_EXAMPLE_PARAMS, hbm, 1)
+    assert memory_per_gpu(RUNNING_EXAMPLE_PARAMS, n, 1) <= hbm < memory_per_gpu(RUNNING_EXAMPLE_PARAMS, n - 1, 1)
+    # the lesson's fit call: ZeRO-1 with one sequence's activations (no recomputation) fits on 21 H100s
+    # (80 GiB) and on no number of GPUs whose "80 GB" label is misread as 80e9 bytes
     from m11_helpers.activations import activation_bytes
     acts = activation_bytes(RUNNING_EXAMPLE, 1)["total"]
-    assert min_gpus(RUNNING_EXAMPLE_PARAMS, 80 * GiB, 1, activations=acts) == 21
-    assert min_gpus(RUNNING_EXAMPLE_PARAMS, 80 * GB, 1, activations=acts) is None
+    assert min_gpus(RUNNING_EXAMPLE_PARAMS, hbm, 1, activations=acts) == 21
+    assert min_gpus(RUNNING_EXAMPLE_PARAMS, H100.memory_gib * GB, 1, activations=acts) is None
 
 
 RUNNING_EXAMPLE_PARAMS = param_count(RUNNING_EXAMPLE)
+H100 = chip("H100 SXM")
 
 
 def test_comm_volume_2psi_and_3psi():
@@ -120,7 +124,7 @@ def test_other_tools_formulas():
 
 
 def test_lab_rows_and_figure():
-    rows = lab_rows(RUNNING_EXAMPLE_PARAMS, 8, 3, activations=18e9, gpu_bytes=80 * GiB)
+    rows = lab_rows(RUNNING_EXAMPLE_PARAMS, 8, 3, activations=18e9, gpu_bytes=H100.memory_bytes)
     assert [r["stage"] for r in rows] == [0, 1, 2, 3] and [r["selected"] for r in rows] == [0, 0, 0, 1]
     assert [r["fits"] for r in rows] == [False, True, True, True]
     assert rows[3]["total"] == pytest.approx(memory_per_gpu(RUNNING_EXAMPLE_PARAMS, 8, 3, activations=18e9) / GiB)
@@ -131,7 +135,7 @@ def test_lab_rows_and_figure():
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig = lab_figure(rows, 80e9)
+    fig = lab_figure(rows, H100.memory_bytes)
     assert len(fig.axes[0].patches) == 17  # 4 stages × 4 parts + the selected outline
     plt.close(fig)
 

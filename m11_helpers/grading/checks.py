@@ -10,18 +10,25 @@
 A failure raises `AssertionError` whose first line names the exercise and what is wrong, then
 expected / got / hint lines: the autograder copies that first line into its report.
 Works with tensors, numpy arrays, numbers and nested lists/tuples/dicts of them; torch and numpy are
-imported only when the values are theirs, so a check cell costs nothing extra. An answer whose class
-comes from the notebook (not a library) is refused unless it is the expected value's own class: an
-object whose `__eq__` always says True, or a tensor subclass that answers `allclose` itself, would
-otherwise pass any check. Check cells must not catch these failures: under `m11 grade` a check cell
-passes only if its own code reaches `passed(...)` with no failed check on the way (guard.py).
+imported only when the values are theirs, so a check cell costs nothing extra.
+
+An answer is made plain before anything compares it (plain.py): built-in types as they are, a subclass
+of one (namedtuple, IntEnum, Parameter, ndarray subclass) converted by its base type's own C code, a C
+type (numpy scalars, `torch.dtype`) as it is; anything else only if it is the expected value's own
+class. What a class says about itself (`__module__`) is never trusted: an `int` subclass whose `__eq__`
+says True, or a tensor subclass (or a torch function mode left on) that answers `allclose` itself,
+would otherwise pass any check. Check cells must not catch these failures: under `m11 grade` a check
+cell passes only if its own code reaches `passed(...)` with no failed check on the way (guard.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+import sys
 from typing import Any, Iterator
+
+from m11_helpers.grading.plain import Foreign, Named, as_written, plain, qualname
 
 __all__ = ["expect_close", "expect_equal", "expect_true", "passed", "checking", "NOT_IMPLEMENTED"]
 
@@ -52,21 +59,6 @@ def _special_got(got: Any, name: str, exercise: str, expected: Any, hint: str) -
               expected, got, hint)
 
 
-# where the types of a plain answer come from; anything else (a class defined in the notebook) could
-# answer `==` or `allclose` with whatever it likes, so it is refused unless it is the expected type itself
-_PLAIN = ("builtins", "numpy", "torch", "fractions", "decimal", "collections", "m11_helpers")
-
-
-def _foreign_type(got: Any, expected: Any, name: str) -> str | None:
-    """Why `got` is not a plain value (None when it is): its class comes from the notebook, not a library."""
-    t = type(got)
-    if t is type(expected) or (t.__module__ or "").split(".")[0] in _PLAIN:
-        return None
-    where = "defined in the notebook" if t.__module__ == "__main__" else f"from {t.__module__}"
-    return (f"{name} is an instance of {t.__qualname__} ({where}), not a plain value: return a tensor, an "
-            "array, a number, or a list/tuple/dict of them")
-
-
 def _kind(x: Any) -> str:
     mod = type(x).__module__.split(".")[0]
     if mod == "torch" and hasattr(x, "shape"):
@@ -84,35 +76,33 @@ def _as_tensor(x: Any):
     return x if isinstance(x, torch.Tensor) else torch.as_tensor(x)
 
 
+def _compare_tensors(g, e, path: str, rtol: float, atol: float) -> str | None:
+    import torch
+
+    if not (g.is_floating_point() or g.is_complex()) and (e.is_floating_point() or e.is_complex()):
+        return f"{path} has dtype {g.dtype}, expected a floating dtype like {e.dtype}"
+    g, e = g.detach().cpu(), e.detach().cpu()
+    if tuple(g.shape) != tuple(e.shape):
+        return f"{path} has shape {tuple(g.shape)}, expected {tuple(e.shape)}"
+    dtype = e.dtype if e.is_complex() else torch.float64
+    return None if torch.allclose(g.to(dtype), e.to(dtype), rtol=rtol, atol=atol, equal_nan=True) else f"{path} is wrong"
+
+
 def _compare(got: Any, expected: Any, path: str, rtol: float, atol: float) -> str | None:
-    """Return why `got` is not close to `expected` (None when it is)."""
-    foreign = _foreign_type(got, expected, path)
-    if foreign:
-        return foreign
+    """Return why `got` (made plain) is not close to `expected` (None when it is)."""
     kinds = {_kind(got), _kind(expected)}
     if "tensor" in kinds or "array" in kinds:
         if "tensor" in kinds:
-            g, e = _as_tensor(got), _as_tensor(expected)
-            if not (g.is_floating_point() or g.is_complex()) and (e.is_floating_point() or e.is_complex()):
-                return f"{path} has dtype {g.dtype}, expected a floating dtype like {e.dtype}"
-            g, e = g.detach().cpu(), e.detach().cpu()
-        else:
-            import numpy as np
-
-            g, e = np.asarray(got), np.asarray(expected)
-        if tuple(g.shape) != tuple(e.shape):
-            return f"{path} has shape {tuple(g.shape)}, expected {tuple(e.shape)}"
-        if "tensor" in kinds:
             import torch
 
-            ok = torch.allclose(g.to(torch.float64 if not e.is_complex() else e.dtype),
-                                e.to(torch.float64 if not e.is_complex() else e.dtype),
-                                rtol=rtol, atol=atol, equal_nan=True)
-        else:
-            import numpy as np
+            with as_written(torch):
+                return _compare_tensors(_as_tensor(got), _as_tensor(expected), path, rtol, atol)
+        import numpy as np
 
-            ok = np.allclose(g, e, rtol=rtol, atol=atol, equal_nan=True)
-        return None if ok else f"{path} is wrong"
+        g, e = np.asarray(got), np.asarray(expected)
+        if tuple(g.shape) != tuple(e.shape):
+            return f"{path} has shape {tuple(g.shape)}, expected {tuple(e.shape)}"
+        return None if np.allclose(g, e, rtol=rtol, atol=atol, equal_nan=True) else f"{path} is wrong"
     if isinstance(expected, dict):
         if not isinstance(got, dict) or set(got) != set(expected):
             return f"{path} should be a dict with keys {sorted(map(str, expected))}"
@@ -138,10 +128,7 @@ def _compare(got: Any, expected: Any, path: str, rtol: float, atol: float) -> st
 
 
 def _equal(got: Any, expected: Any, path: str) -> str | None:
-    """Why `got` is not exactly `expected` (None when it is); containers element by element."""
-    foreign = _foreign_type(got, expected, path)
-    if foreign:
-        return foreign
+    """Why `got` (made plain) is not exactly `expected` (None when it is); containers element by element."""
     if {_kind(got), _kind(expected)} & {"tensor", "array"}:
         return _compare(got, expected, path, rtol=0.0, atol=0.0)
     if isinstance(expected, dict) and isinstance(got, dict) and set(got) == set(expected):
@@ -151,13 +138,22 @@ def _equal(got: Any, expected: Any, path: str) -> str | None:
     return None if bool(expected == got) else f"{path} is wrong"
 
 
+def _judge(got: Any, expected: Any, name: str, compare) -> tuple[str | None, Any]:
+    """(why `got` fails, what to show): its plain value compared, or why it has none."""
+    try:
+        value = plain(got, expected, name)
+    except Foreign as e:
+        return str(e), Named(qualname(type(got)))
+    return compare(value), value
+
+
 def expect_close(got: Any, expected: Any, name: str, *, exercise: str, hint: str = "",
                  rtol: float = 1e-5, atol: float = 1e-8) -> None:
     """Assert |got - expected| <= atol + rtol·|expected| elementwise (shapes must match)."""
     if rtol < 0 or atol < 0:
         raise ValueError(f"rtol={rtol}, atol={atol}: tolerances must be >= 0")
     _special_got(got, name, exercise, expected, hint)
-    why = _compare(got, expected, name, rtol, atol)
+    why, got = _judge(got, expected, name, lambda g: _compare(g, expected, name, rtol, atol))
     if why:
         _fail(exercise, why + ".", expected, got, hint)
 
@@ -165,16 +161,21 @@ def expect_close(got: Any, expected: Any, name: str, *, exercise: str, hint: str
 def expect_equal(got: Any, expected: Any, name: str, *, exercise: str, hint: str = "") -> None:
     """Assert got == expected exactly (tensors/arrays: same shape and every element equal)."""
     _special_got(got, name, exercise, expected, hint)
-    why = _equal(got, expected, name)
+    why, got = _judge(got, expected, name, lambda g: _equal(g, expected, name))
     if why:
         _fail(exercise, why + ".", expected, got, hint)
 
 
 def expect_true(cond: Any, message: str, *, exercise: str, hint: str = "") -> None:
     """Assert `cond` is truthy; `message` says what should hold (e.g. "the loss went down")."""
-    foreign = _foreign_type(cond, True, "the condition")
-    if foreign:
-        _fail(exercise, foreign + ".", hint=hint, show_values=False)
+    try:
+        cond = plain(cond, True, "the condition")
+    except Foreign as e:
+        _fail(exercise, f"{e}.", hint=hint, show_values=False)
+    torch = sys.modules.get("torch")
+    if type(cond) is getattr(torch, "Tensor", None):
+        with as_written(torch):
+            cond = bool(cond)
     if not cond:
         _fail(exercise, f"expected {message}.", hint=hint, show_values=False)
 

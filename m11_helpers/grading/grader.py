@@ -34,7 +34,7 @@ import nbformat
 from m11_helpers.grading import report, sandbox
 from m11_helpers.grading.exercises import find_repo_root
 from m11_helpers.grading.results import ExerciseResult, NotebookResult
-from m11_helpers.grading.runner import MAX_ATTEMPTS, _CellMap, _run_once, prepare, run_cells, score  # noqa: F401
+from m11_helpers.grading.runner import prepare, run_cells, score
 from m11_helpers.tools.notebooks import find_notebooks
 
 __all__ = ["ExerciseResult", "NotebookResult", "prepare", "grade_notebook", "grade", "main"]

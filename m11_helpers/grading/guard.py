@@ -16,7 +16,8 @@ in-kernel guard can stop, in docs/instructor-guide.md, "What the grader defends 
 
 Everything the guard compares against is read HERE, before the notebook runs: its own code, the
 sources of the check, observe and launch modules, and where the installed libraries live. Each call
-sends it afresh with a new nonce, in `user_expressions` of a silent request (see guard_kernel.py).
+sends it afresh with a new nonce, in `user_expressions` of a silent request (see guard_kernel.py),
+run by the `exec` and the builtins the kernel had before the notebook ran (`Guard._expression`).
 """
 
 from __future__ import annotations
@@ -38,8 +39,8 @@ from queue import Empty
 __all__ = ["VERIFIED", "GuardReport", "Guard", "library_roots", "defined_names", "free_names"]
 
 # modules compared, function by function, with their installed source before and after each check cell
-VERIFIED = ("m11_helpers.grading.checks", "m11_helpers.grading.observe", "m11_helpers.grading.faults",
-            "m11_helpers.launch", "m11_helpers.launch.base", "m11_helpers.launch.fork", "m11_helpers.launch.script",
+VERIFIED = ("m11_helpers.grading.checks", "m11_helpers.grading.plain", "m11_helpers.grading.observe",
+            "m11_helpers.grading.faults", "m11_helpers.launch", "m11_helpers.launch.base", "m11_helpers.launch.fork", "m11_helpers.launch.script",
             "m11_helpers.procs")
 CHECK_NAMES = ("expect_close", "expect_equal", "expect_true", "passed", "checking")
 _HERE = Path(__file__).resolve().parent
@@ -137,14 +138,36 @@ class Guard:
         self.parts = tuple(p.read_text(encoding="utf-8") for p in _PARTS)
         self.sources, self.roots = _sources(), library_roots()
         self.kit = _kit_names(self.sources)
+        self.holder = f"_m11_guard_{secrets.token_hex(8)}"  # the class that keeps the kernel's exec and builtins
         self.state: int | None = None
         self.error = ""
 
+    def _expression(self, mode: str, payload: dict) -> str:
+        """The guard's code and arguments as one expression, run by `exec` and builtins captured at baseline.
+
+        Before the notebook runs (baseline) `exec` is the kernel's own. After, nothing is looked up in the
+        notebook's namespace or in `builtins`: the expression reaches the class the baseline made (by its
+        secret name, through `object.__subclasses__()`, itself reached from a literal `()`), checks with the
+        real `type` that the `exec` it holds is still the built-in one, and runs the guard with the copy of
+        the builtins taken at baseline. A notebook `exec` never sees the guard's arguments (or its nonce);
+        a swapped reference fails the check closed.
+        """
+        ns = f"{{'ARGS': {payload!r}}}" if mode == "baseline" else f"{{'__builtins__': B, 'ARGS': {payload!r}}}"
+        run = f"(lambda ns: E({self.parts[0]!r}, ns) or E({self.parts[1]!r}, ns) or ns['OUT'])({ns})"
+        if mode == "baseline":
+            return f"(lambda E: {run})(exec)"
+        lost = json.dumps({"nonce": payload["nonce"], "error": "the guard's own exec, captured before the notebook "
+                           "ran, was replaced (or the class holding it was)"})
+        subclasses = "().__class__.__base__.__subclasses__"
+        return (f"(lambda T: (lambda H: (lambda E, B: {run} if T(E) is T({subclasses}) and E.__name__ == 'exec' "
+                f"and T(B) is T({{}}) else {lost!r})(*(T.__dict__['__dict__'].__get__(H[0])['x'] if H else "
+                f"(None, None))))([c for c in {subclasses}() if T.__dict__['__name__'].__get__(c) == "
+                f"{self.holder!r}][:1]))(().__class__.__class__)")
+
     def _call(self, mode: str, **args) -> dict:
         nonce = secrets.token_hex(16)
-        payload = dict(args, mode=mode, nonce=nonce, roots=self.roots, state=self.state)
-        expr = (f"(lambda ns: exec({self.parts[0]!r}, ns) or exec({self.parts[1]!r}, ns) or ns['OUT'])"
-                f"({{'ARGS': {payload!r}}})")
+        payload = dict(args, mode=mode, nonce=nonce, roots=self.roots, state=self.state, holder=self.holder)
+        expr = self._expression(mode, payload)
         msg_id = self.kc.execute("", silent=True, store_history=False, user_expressions={"m11": expr},
                                  allow_stdin=False, stop_on_error=False)
         deadline = time.monotonic() + self.timeout

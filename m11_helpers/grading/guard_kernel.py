@@ -3,8 +3,9 @@
 Never imported by a kernel. `guard.py`, in the grading process outside the kernel, reads this file
 and `guard_ledger.py` (part 2), and the pristine sources of the check, observe and launch modules,
 before the notebook runs, and sends their text with every call in the `user_expressions` of a silent
-execute request, evaluated as `(lambda ns: exec(PART1, ns) or exec(PART2, ns) or ns["OUT"])({"ARGS":
-{...}})`: no input or AST transformer, no cell event and no custom exception handler touches it.
+execute request, evaluated as `(lambda ns: E(PART1, ns) or E(PART2, ns) or ns["OUT"])({"ARGS": {...}})`
+with `E` the kernel's own `exec`: no input or AST transformer, no cell event and no custom exception
+handler touches it.
 `ARGS["mode"]` is one of
 
 - `baseline` (once, before the first cell): remember the builtins, the IPython hooks and trace
@@ -15,13 +16,22 @@ execute request, evaluated as `(lambda ns: exec(PART1, ns) or exec(PART2, ns) or
 - `after` (after it): the same again, then read the ledger: did the check cell's OWN code reach its
   `passed(...)` line, and did any check it called fail?
 
-`OUT` is a JSON string echoing `ARGS["nonce"]`, so a reply the guard did not write is refused.
+`OUT` is a JSON string echoing `ARGS["nonce"]`, so a reply the guard did not write is refused. After
+the baseline the expression does not look up `exec` where the notebook can rebind it: the baseline
+keeps the kernel's `exec` and a copy of its builtins in a class with a secret name, and every later
+call runs this code with them (guard.py, `Guard._expression`). Below, `builtins` and `sys` must be the
+interpreter's own (an `exec` that is built in belongs to the first; a fake `sys` cannot hold the
+second's functions as its own), or the guard refuses to run: the check fails closed.
 """
 
 import builtins
 import os
 import sys
 import types
+
+if builtins is not exec.__self__ or type(sys.getrecursionlimit) is not type(exec) \
+        or sys.getrecursionlimit.__self__ is not sys:
+    raise RuntimeError("sys.modules['builtins'] or sys.modules['sys'] was replaced: the guard will not run on them")
 
 KEY = "_m11_grade_guard"
 CHECK_NAMES = ("expect_close", "expect_equal", "expect_true", "passed", "checking")

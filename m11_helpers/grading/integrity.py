@@ -4,13 +4,17 @@
 - `graded`: the notebook to grade (found by its name, or else by its exercise ids under another name),
   with notes on every check cell that differs from the course's: edited, deleted or added (the grader
   runs the course's checks in their place, hidden tests included: `runner.prepare`);
-- `not a notebook`: the file is not a readable notebook, or a PDF/.py was handed in under that name;
+- `not a notebook`: the file is not a readable notebook, or a PDF/.py was handed in under that name, or
+  it (or the student's folder) is a symbolic link, or lies under one, or resolves outside the folder:
+  the grader reads notebooks on the host, outside the sandbox, where a link reaches another student's
+  work or `solutions/` (other links in the folder are ignored, and named in the notes);
 - `wrong lesson`: the notebook holds another lesson's exercises;
 - `missing`: nothing of the lesson in the folder.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from m11_helpers.grading.exercises import m11_meta
@@ -53,13 +57,35 @@ def integrity(nb, source, name: str) -> list[str]:
     return notes
 
 
+def _linked(path: Path, folder: Path) -> bool:
+    """A symbolic link, under one, or anything that resolves outside the student's own folder."""
+    parts = [path, *path.relative_to(folder).parents]
+    return any((folder / p if p != path else p).is_symlink() for p in parts) or \
+        not path.resolve().is_relative_to(folder.resolve())
+
+
 def inspect(folder: Path, expected: str, source_dir: Path | None) -> tuple[str, Path | None, list[str]]:
     """(status, notebook to grade, notes) for one expected notebook in a student's folder."""
+    if folder.is_symlink():  # the grader reads notebooks here, outside the sandbox: a link is someone else's work
+        return "not a notebook", None, [f"not a notebook: the submission's folder is a symbolic link (to "
+                                        f"{os.readlink(folder)}), not the student's own work"]
     source = read_notebook(source_dir / expected) if source_dir and (source_dir / expected).is_file() else None
     lesson = exercise_ids(source) if source is not None else set()
     found = folder.rglob("*") if folder.is_dir() else []  # a roster name with nothing collected: "missing"
-    files = sorted((p for p in found if p.is_file() and ".ipynb_checkpoints" not in p.parts),
+    every = sorted((p for p in found if (p.is_file() or p.is_symlink()) and ".ipynb_checkpoints" not in p.parts),
                    key=lambda p: (len(p.parts), str(p)))
+    links = [p for p in every if _linked(p, folder)]
+    if any(p.name == expected for p in links):
+        target = next(os.readlink(p) for p in links if p.name == expected and p.is_symlink())
+        return "not a notebook", None, [f"{expected} is not a notebook: a symbolic link (to {target}), not the "
+                                        "student's own work"]
+    files = [p for p in every if p not in links and p.is_file()]
+    ignored = [f"ignored symbolic links: {', '.join(str(p.relative_to(folder)) for p in links)}"] if links else []
+    status, path, notes = _find(folder, expected, source, lesson, files)
+    return status, path, notes + ignored
+
+
+def _find(folder: Path, expected: str, source, lesson: set[str], files: list[Path]) -> tuple[str, Path | None, list[str]]:
     named = [p for p in files if p.name == expected]
     for path in named + [p for p in files if p.suffix == ".ipynb" and p not in named]:
         try:

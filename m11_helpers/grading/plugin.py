@@ -29,9 +29,10 @@ from typing import Any
 import pytest
 
 from m11_helpers.grading.guard import Guard, GuardReport
+from m11_helpers.grading.runenv import CWD_ENV, LOG_ENV, TIMEOUT_ENV
 from m11_helpers.procs import kill_descendants
 
-LOG_ENV, CWD_ENV, TIMEOUT_ENV = "M11_GRADE_LOG", "M11_GRADE_CWD", "M11_GRADE_CELL_TIMEOUT"
+__all__ = ["LOG_ENV", "CWD_ENV", "TIMEOUT_ENV", "GRACE_S", "KernelDied"]
 GRACE_S = 10.0  # nbval interrupts at the timeout and gives up 5 s later; we step in after that
 MAX_TEXT = 4000  # a megabyte of output must not become a megabyte of report
 

@@ -2,12 +2,11 @@
 
 `write_reports(results, out)` writes `report.md` (a table per notebook: exercise, points, max,
 status, why), `report.json` and `junit.xml` (one testcase per exercise); `terminal_table` is what
-the command prints. `write_class_csv` writes one row per (student, notebook).
+the command prints and `class_table` the class summary (class.csv itself: classroom.write_csv).
 """
 
 from __future__ import annotations
 
-import csv
 import json
 import re
 from dataclasses import asdict
@@ -17,7 +16,7 @@ from xml.etree import ElementTree as ET
 
 from m11_helpers.grading.results import NotebookResult
 
-__all__ = ["write_reports", "terminal_table", "markdown", "junit_xml", "write_class_csv", "class_table"]
+__all__ = ["write_reports", "terminal_table", "markdown", "junit_xml", "class_table"]
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -96,15 +95,6 @@ def write_reports(results: list["NotebookResult"], out: Path) -> None:
             "notebooks": [dict(asdict(r), score=r.score, max_score=r.max_score) for r in results]}
     (out / "report.json").write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     (out / "junit.xml").write_text(junit_xml(results), encoding="utf-8")
-
-
-def write_class_csv(rows: list[tuple[str, str, float, float]], path: Path) -> None:
-    """One row per (student, notebook): student, notebook, score, max."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        w = csv.writer(f)
-        w.writerow(["student", "notebook", "score", "max"])
-        w.writerows((s, nb, _num(score), _num(top)) for s, nb, score, top in rows)
 
 
 def class_table(rows: list[tuple[str, str, float, float]]) -> str:

@@ -30,14 +30,15 @@ import nbformat
 import psutil
 from nbformat import NotebookNode
 
-from m11_helpers.grading import plugin, sandbox
+from m11_helpers.grading import sandbox
 from m11_helpers.grading.exercises import m11_meta
 from m11_helpers.grading.results import ExerciseResult
+from m11_helpers.grading.runenv import CWD_ENV, LOG_ENV, RUN_ENV, TIMEOUT_ENV
 from m11_helpers.procs import death_signal_preexec, kill_descendants, subreaper
 
-__all__ = ["MAX_ATTEMPTS", "RUN_ENV", "prepare", "run_cells", "score", "why"]
+__all__ = ["MAX_ATTEMPTS", "RUN_ENV", "PLUGIN", "prepare", "run_cells", "score", "why"]
 
-RUN_ENV = "M11_GRADE_RUN"  # every process of one run carries it (tests find survivors by it)
+PLUGIN = "m11_helpers.grading.plugin"  # given to pytest by name: importing it here would import pytest
 
 MAX_ATTEMPTS = 4  # one run, plus a rerun per cell that killed (or had to kill) the kernel
 
@@ -140,12 +141,12 @@ def _run_once(nb: NotebookNode, cwd: Path, cell_timeout: float, limit: float,
     nbformat.write(nb, path)
     log.write_text("")
     (work / "pytest.ini").write_text("[pytest]\n")  # keep the course's own pytest config out
-    env = dict(os.environ, **{plugin.LOG_ENV: str(log), plugin.CWD_ENV: str(cwd),
-                              plugin.TIMEOUT_ENV: str(cell_timeout), "PYTHONDONTWRITEBYTECODE": "1",
+    env = dict(os.environ, **{LOG_ENV: str(log), CWD_ENV: str(cwd),
+                              TIMEOUT_ENV: str(cell_timeout), "PYTHONDONTWRITEBYTECODE": "1",
                               RUN_ENV: os.environ.get(RUN_ENV) or uuid.uuid4().hex})
     cmd = [sys.executable, "-m", "pytest", str(path), "--nbval-lax", "--nbval-current-env",
            f"--nbval-cell-timeout={cell_timeout}", "-p", "no:cacheprovider", "-p",
-           "m11_helpers.grading.plugin", "-c", str(work / "pytest.ini"), "--rootdir", str(work), "-q"]
+           PLUGIN, "-c", str(work / "pytest.ini"), "--rootdir", str(work), "-q"]
     note = ""
     with open(work / "pytest.out", "wb") as out:
         # in a sandbox (sandbox.py): a private copy of the submission, no repository, no network, limits

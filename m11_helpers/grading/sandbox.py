@@ -27,12 +27,12 @@ import sys
 import warnings
 from pathlib import Path
 
+from m11_helpers.grading.runenv import CWD_ENV, LOG_ENV, MODE_ENV
 from m11_helpers.grading.walls import GIB, WALLS, Limits, annotate
 from m11_helpers.validate import one_of
 
 __all__ = ["MODE_ENV", "GIB", "Limits", "SandboxUnavailable", "mode", "available", "describe", "popen"]
 
-MODE_ENV, CWD_ENV, LOG_ENV = "M11_GRADE_SANDBOX", "M11_GRADE_CWD", "M11_GRADE_LOG"
 MODES = ("auto", "require", "off")
 INSIDE_CWD, INSIDE_HOME = "/submission", "/home/student"
 # what a notebook may see of the grader's environment (everything else, tokens included, is dropped)
@@ -44,12 +44,6 @@ ETC = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "timezone", "ns
        "fonts", "mime.types")
 SKIP_COPY = {".git", ".hg", ".svn", ".ipynb_checkpoints", "__pycache__", ".venv", "node_modules"}
 PACKAGE = Path(__file__).resolve().parents[1]  # m11_helpers: the kernel imports it, read-only
-
-
-# pytest holds the cell log open; its kernel runs as the same uid. Undumpable (prctl PR_SET_DUMPABLE = 0, which
-# exec resets, hence in-process), its /proc/PID/fd, environ and mem are closed to the kernel: no forged records.
-_UNDUMPABLE = ("import ctypes, runpy, sys; ctypes.CDLL(None).prctl(4, 0, 0, 0, 0); sys.argv = ['pytest', *sys.argv[1:]]; "
-               "runpy.run_module('pytest', run_name='__main__', alter_sys=True)")
 
 
 class SandboxUnavailable(RuntimeError):
@@ -254,9 +248,7 @@ def popen(cmd: list[str], *, cwd: Path, env: dict[str, str], limits: Limits | No
     binds = _readonly_binds(submission, env.get("PYTHONPATH", "")) + [("dir", "", str(work))]
     binds += [("ro", str(work / n), str(work / n)) for n in ("graded.ipynb", "pytest.ini") if (work / n).exists()]
     binds.append(("rw", str(copy), INSIDE_CWD))
-    inner = list(cmd)
-    if inner[1:3] == ["-m", "pytest"]:  # the same pytest, made undumpable first (see _UNDUMPABLE)
-        inner = [inner[0], "-c", _UNDUMPABLE, *inner[3:]]
+    inner = list(cmd)  # pytest makes itself undumpable (plugin.py) before its kernel exists: no forged records
     if _root():
         for path in [copy, *copy.rglob("*"), *([log] if log else [])]:
             os.lchown(path, uid, uid)

@@ -44,7 +44,12 @@ import nbformat
 from m11_helpers.grading.exercises import m11_meta
 from m11_helpers.grading.runner import _CellMap, prepare, run_cells, score, why
 
-__all__ = ["WrongAnswer", "Verdict", "parse", "wrong_answers_path", "run_wrong_answers", "main"]
+__all__ = ["NOTEBOOK_TIMEOUT", "WrongAnswer", "Verdict", "parse", "wrong_answers_path", "run_wrong_answers", "main"]
+
+# One lesson's run: its solution, then each wrong answer with its exercise's checks. The slowest lesson's run
+# took MEASURED on this 2-core machine under load; the limit leaves room for a slower one, and pytest's
+# per-test limit for these runs is derived from it (tests/test_wrong_answers.py).
+NOTEBOOK_TIMEOUT = 900.0
 
 _HEADER = re.compile(r"^# %%\s+(?P<ex>[0-9]+\.[0-9]+[a-z]?)(?:\s+cell=(?P<cell>\d+))?\s*\|\s*(?P<mistake>[^|]+?)"
                      r"\s*\|\s*expect:\s*(?P<expect>.+?)\s*$")
@@ -134,7 +139,7 @@ def _build(nb, answers: list[WrongAnswer], sol: dict, chk: dict):
 
 def run_wrong_answers(solution: Path, answers: list[WrongAnswer] | None = None, *, cell_timeout: float = 120,
                       extra_paths: tuple[Path, ...] = (),
-                      notebook_timeout: float = 1800) -> tuple[list[str], list[Verdict]]:
+                      notebook_timeout: float = NOTEBOOK_TIMEOUT) -> tuple[list[str], list[Verdict]]:
     """Grade `answers` (default: the lesson's file) in one graded run; return (solution failures, verdicts).
 
     The notebook runs from a copy of itself in a temporary folder (with `extra_paths` copied beside
@@ -188,10 +193,12 @@ def main(argv: list[str] | None = None) -> int:
                                  description="grade a lesson's recorded wrong answers in one kernel")
     ap.add_argument("solutions", nargs="+", type=Path)
     ap.add_argument("--cell-timeout", type=float, default=120)
+    ap.add_argument("--notebook-timeout", type=float, default=NOTEBOOK_TIMEOUT, help="seconds for one lesson's run")
     args = ap.parse_args(argv)
     bad = 0
     for sol in args.solutions:
-        failures, verdicts = run_wrong_answers(sol, cell_timeout=args.cell_timeout)
+        failures, verdicts = run_wrong_answers(sol, cell_timeout=args.cell_timeout,
+                                               notebook_timeout=args.notebook_timeout)
         print(f"{sol.name}: solution {'full marks' if not failures else 'FAILED: ' + '; '.join(failures)}")
         for v in verdicts:
             ok = v.scored_zero and v.hint_ok

@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 from m11_helpers.launch.base import LaunchError, LaunchPlan, launch_plan
 from m11_helpers.launch.watch import collect
-from m11_helpers.procs import die_with_parent, kill_groups, kill_tree
+from m11_helpers.procs import die_with_parent, kill_descendants, kill_groups, kill_tree, subreaper
 from m11_helpers.validate import one_of, positive_real
 
 
@@ -66,6 +66,9 @@ def _rank_main(fn, args, kwargs, rank: int, p: LaunchPlan, port: int, timeout: f
     die_with_parent(parent=parent)  # exits now if the caller died between the fork and this line
     with contextlib.suppress(OSError):
         os.setpgid(0, 0)  # a group of its own: what this rank starts is killed with it (watch.py)
+    # And their subreaper (never left: the rank ends with os._exit): what its children orphan re-parents
+    # here, so on its way out it finds and kills all it started, even a child in a session of its own.
+    contextlib.ExitStack().enter_context(subreaper())
     # One thread, before any compute: a forked child that computes with more than one OpenMP thread
     # after the parent did hangs forever (measured on this machine).
     import torch
@@ -129,6 +132,8 @@ def _rank_main(fn, args, kwargs, rank: int, p: LaunchPlan, port: int, timeout: f
     finally:
         # Exit at once, skipping atexit and interpreter teardown; a failing rank leaving now makes
         # its peers fail in ~0.1 s instead of waiting for the collective timeout.
+        with contextlib.suppress(BaseException):
+            kill_descendants()  # nothing this rank started outlives it (a process group misses setsid children)
         os._exit(status)
 
 
@@ -159,6 +164,8 @@ def launch(
     afterwards, prefixed with its rank, in rank order (so a notebook's output is deterministic).
     Raises `LaunchError` naming the failing rank(s) with their tracebacks, `LaunchTimeout` when a
     rank has not finished after `timeout` seconds; either way no process is left running.
+    With `device="auto"` in a process that has already initialised CUDA (forks cannot use it), the
+    ranks run on CPU and a line on stderr says why; `device="cuda"` then raises `LaunchError`.
     """
     if not callable(fn):
         raise ValueError(f"fn must be a callable (the function each rank runs), got {type(fn).__name__}")
@@ -167,13 +174,21 @@ def launch(
     p = launch_plan(num_processes, device, threads_per_process)
     import accelerate.state  # noqa: F401 - importing it in each rank costs seconds on a busy machine
     import accelerate.utils  # noqa: F401
+    import psutil  # noqa: F401 - each rank's last act is kill_descendants(): not an import per rank
     import torch
     import torch._dynamo  # noqa: F401 - DDP's and the optimizers' constructors import it: seconds per rank
     import torch.distributed  # noqa: F401 - imported once here, inherited by every forked rank
 
     if p.device == "cuda" and torch.cuda.is_initialized():
-        raise LaunchError("CUDA was already initialised in this process, and forked ranks cannot re-initialise it: "
-                          "restart the kernel and call launch() before any CUDA call, or use launch_script().")
+        if device == "cuda":
+            raise LaunchError("CUDA was already initialised in this process, and forked ranks cannot re-initialise "
+                              "it: restart the kernel and call launch() before any CUDA call, or use launch_script().")
+        # device="auto" promises the run, not the GPUs: a lesson that computed on the GPU in the kernel
+        # (then every fork's CUDA is unusable) still runs its launches, on CPU, and says so.
+        p = launch_plan(num_processes, "cpu", threads_per_process)
+        print("launch(): CUDA is already initialised in this process and forked ranks cannot use it, so these "
+              f"{p.num_processes} ranks run on CPU with gloo (restart the kernel and launch before any CUDA call "
+              "for GPU ranks)", file=sys.stderr, flush=True)
 
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.bind(("127.0.0.1", 0))  # port 0: the OS picks a free port, held by us: no clash
@@ -209,8 +224,8 @@ def launch(
                 os.close(fd)
         return collect(p, pids, pipes, timeout, show_output)
     finally:
-        kill_groups(pids)  # what exited ranks left behind: no longer anyone's descendant, still in their groups
-        kill_tree(pids + [store_pid])
+        kill_tree(pids + [store_pid])  # the living ranks with all they started, the store
+        kill_groups(pids)  # what exited ranks left behind: no longer their descendants, still in their groups
         for (res_r, _), (out_r, _), (_, rel_w) in pipes:
             for fd in (res_r, out_r, rel_w):
                 with contextlib.suppress(OSError):

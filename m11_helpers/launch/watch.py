@@ -3,8 +3,10 @@
 `fork.py` starts the ranks; this module reads what they send (results, tracebacks, printed output),
 releases them, and makes sure no process of the launch is left: each rank leads a process group of
 its own, so what a rank started (a `subprocess.Popen`) is found and killed even after the rank
-exited, and the output pipes are read until EOF or a short deadline, never longer: a child that
-left the group (`setsid`) cannot hold `launch()` past its timeout by keeping a pipe open.
+exited; each rank is also the subreaper of what it starts and kills it all on its way out, which
+reaches a child that left the group (`setsid`). The output pipes are read until EOF or a short
+deadline, never longer: a pipe held elsewhere (the setsid child of a rank that was killed before it
+could clean up) cannot hold `launch()` past its timeout.
 """
 
 from __future__ import annotations

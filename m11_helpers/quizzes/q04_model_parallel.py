@@ -40,15 +40,18 @@ QUESTIONS = [
               "Before a row-parallel layer, nothing is needed at all.",
               "That leaves each rank a slice of a sum, the opposite of what is needed.",
               "Each rank holds only its slice of the features."]),
-    Question("A model runs TP 8 inside a DGX A100 node. You spread the same TP 8 group over two nodes (4 GPUs each). "
-             "What happens to the time of each layer's all-reduces?",
-             ["About the same: the bytes are the same", "About 12× longer: they cross 25 GB/s InfiniBand instead of "
-              "300 GB/s NVLink", "Shorter: more links in parallel", "They disappear: each node reduces alone"], 1,
-             ["Same bytes, but the slowest link sets a ring's pace.",
-              "Right: TP sends the most of the three kinds of parallelism, every layer and every micro-batch: "
-              "Megatron-LM keeps it inside a node (Narayanan et al. 2021, §3).",
-              "A ring all-reduce runs at the speed of its slowest hop.",
-              "Every rank of the group needs the sum: the two nodes must exchange partial sums."],
+    Question("A model runs TP 8 inside a DGX A100 node (NVLink 3, one 25 GB/s HDR NIC per GPU). You spread the same "
+             "TP 8 group over two nodes, 4 GPUs each. What happens to the time of each layer's all-reduces?",
+             ["About the same: the bytes are the same", "About 3× longer (0.95 → 2.6 ms per layer): the ring crosses "
+              "the network on 4 rails, 4 × 25 = 100 GB/s per GPU instead of NVLink's 300",
+              "About 12× longer: every hop runs at one NIC's 25 GB/s", "Shorter: more links in parallel"], 1,
+             ["Same bytes, but the ring now crosses InfiniBand, slower than NVLink.",
+              "Right: NCCL runs one ring per NIC, so the 4 GPUs' 4 NICs carry the traffic together (lesson 02's "
+              "comm_model.Fabric; the lesson's table). Still 3× slower on the heaviest traffic: Megatron-LM keeps "
+              "TP inside a node (Narayanan et al. 2021, §3).",
+              "That is the case with each TP rank on its own node (about 10× with latency); with 4 GPUs per node, "
+              "4 rings share the work over 4 NICs.",
+              "The NICs add up to less than NVLink: 100 GB/s against 300 per GPU."],
              transfer=True),
     Question("Where does Megatron-LM place its three kinds of parallelism on a cluster of 8-GPU nodes?",
              ["Pipeline inside a node, data parallel across nodes", "Tensor parallel inside a node, pipeline "
@@ -58,5 +61,5 @@ QUESTIONS = [
               "cross nodes, while TP's per-layer all-reduces need NVLink.",
               "Right (Narayanan et al. 2021, §3, Takeaways #1–#2; Megatron's rank order puts TP ranks adjacent).",
               "Data parallelism sends the least, once per step: it is the outer level.",
-              "The lesson measured a 12× gap between NVLink and InfiniBand per layer."]),
+              "The lesson computed a 3× (two nodes of four GPUs) to 10× (one rank per node) gap per layer."]),
 ]

@@ -1,14 +1,15 @@
 """Lesson 05 quiz: shown by `quiz("05_zero_fsdp")`. Its figures come from the helpers, so they match the lesson."""
 
 from m11_helpers.config import RUNNING_EXAMPLE, param_count
-from m11_helpers.model_states import model_state_bytes
+from m11_helpers.model_states import bytes_per_param, model_state_bytes
 from m11_helpers.quantities import GB, GiB
 from m11_helpers.quiz import Question
 from m11_helpers.zero import min_gpus
 
 _P = param_count(RUNNING_EXAMPLE)
 _Z2 = {n: model_state_bytes(_P, "deepspeed", n, 2)["total"] / GB for n in (8, 16)}
-_W = 2 * _P / GB  # bf16 weights, replicated under ZeRO-2
+_W = bytes_per_param("deepspeed")["weights"] * _P / GB  # bf16 weights, replicated under ZeRO-2
+_Z3_16 = model_state_bytes(_P, "deepspeed", 16, 3)["total"] / GB  # what ZeRO-3 would hold
 _100B = 100_000_000_000
 _FEWEST = min_gpus(_100B, 40 * GiB, 3)
 
@@ -16,7 +17,7 @@ QUESTIONS = [
     Question(f"The 7B trains with ZeRO-2 on 8 GPUs ({_Z2[8]:.1f} GB of model states per GPU). You double to 16 "
              "GPUs. What happens to the model states per GPU?",
              [f"They halve, to {_Z2[8] / 2:.1f} GB", f"They fall to {_Z2[16]:.1f} GB",
-              f"They stay at {_Z2[8]:.1f} GB", f"They fall to {16 * _P / 16 / GB:.1f} GB"], 1,
+              f"They stay at {_Z2[8]:.1f} GB", f"They fall to {_Z3_16:.1f} GB"], 1,
              ["Only the sharded parts halve.",
               f"Right: 2Ψ + 14Ψ/N. The {_W:.1f} GB of bf16 weights stay whole on every GPU; only gradients and "
               "optimizer state are split further. That floor is why ZeRO-2 saves 4.3× at N = 8 and never more than 8×.",

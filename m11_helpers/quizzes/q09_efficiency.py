@@ -1,6 +1,12 @@
 """Lesson 09 quiz: shown by `quiz("09_efficiency")`. Its figures come from the lesson's helpers, so they match the lesson."""
 
-from m11_helpers.attention import attention_matrix_bytes, flash_hbm_elements, qkvo_bytes, standard_hbm_elements
+from m11_helpers.attention import (
+    A100_SRAM_BYTES,
+    attention_matrix_bytes,
+    flash_hbm_elements,
+    qkvo_bytes,
+    standard_hbm_elements,
+)
 from m11_helpers.config import RUNNING_EXAMPLE
 from m11_helpers.quiz import Question
 
@@ -9,7 +15,7 @@ _D = RUNNING_EXAMPLE.hidden // _H
 _GIB = 2**30
 _MAT = {s: attention_matrix_bytes(1, _H, s, 2) / _GIB for s in (_S, 2 * _S)}  # one layer's s² matrix, bf16
 _KEEP = {s: qkvo_bytes(1, _H, s, _D, 2) / _GIB for s in (_S, 2 * _S)}  # Q, K, V, O
-_M = 192 * 1024 // 2  # A100: 192 KiB of SRAM per SM, in 16-bit elements (Dao et al. 2022, §2.1)
+_M = A100_SRAM_BYTES // 2  # A100: 192 KiB of SRAM per SM, in 16-bit elements (Dao et al. 2022, §2.1)
 _RATIO = {d: standard_hbm_elements(65536, d) / flash_hbm_elements(65536, d, _M) for d in (64, 128)}
 
 QUESTIONS = [

@@ -10,6 +10,7 @@ _R = RUNNING_EXAMPLE
 _DDP = predict_gpu_run(_R, 8, parallel="ddp")  # autocast
 _REC = predict_gpu_run(_R, 8, ac=True)
 _FLASH = predict_gpu_run(_R, 8, flash=True)
+_FSDP = predict_gpu_run(_R, 8)  # FSDP2 + bf16, no flash
 _COPIES = value("7b.autocast_weight_copies") / GB
 _K1, _K4 = plan_run(Flags("fsdp2"), 2), plan_run(Flags("fsdp2", accum=4), 2)
 _HALF = plan_run(Flags("fsdp2", bf16=True), 2)["activations"] / _K1["activations"]
@@ -21,9 +22,10 @@ QUESTIONS = [
              ["Full activation recomputation", "Gradient accumulation with K = 8",
               "FSDP2 (ZeRO-3) with bf16 parameters", "Twice as many GPUs, still DDP"], 2,
              ["Recomputation shrinks the activations, but the model states alone exceed 80 GiB on every rank.",
-              "Accumulation shrinks activations per micro-batch; DDP still replicates the 108 GB of states.",
+              f"Accumulation shrinks activations per micro-batch; DDP still replicates the {_DDP['states'] / GB:.0f} GB "
+              "of states.",
               f"Right: the states shrink to {_FLASH['states'] / GB:.1f} GB per GPU, and bf16 parameters keep the "
-              "activations in 16 bits (55 GB): it fits, tightly.",
+              f"activations in 16 bits ({_FSDP['activations'] / GB:.0f} GB): it fits, tightly.",
               "Data parallelism replicates the model states: more DDP ranks never lower them."]),
     Question(f"FSDP2 + bf16 + full recomputation plans {_REC['total'] / GiB:.0f} GiB per GPU for the 7B. You turn "
              "recomputation off and use PyTorch's fused attention (SDPA: FlashAttention on an H100) instead. What "

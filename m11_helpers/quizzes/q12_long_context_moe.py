@@ -8,7 +8,7 @@ QUESTIONS = [
              ["halve", "stay the same (all-reduce = reduce-scatter + all-gather)", "double",
               "grow with the sequence length squared"], 1,
              ["A reduce-scatter alone is half an all-reduce, but SP needs the matching all-gather too.",
-              "Right: we counted 196,608 B for both. Only Megatron's re-gather in backward (to store ÷t) adds one "
+              "Right: we counted 196,608 B for both (fp64 tensors). Only Megatron's re-gather in backward (to store ÷t) adds one "
               "all-gather per column-parallel linear.",
               "No: the same two halves of a ring all-reduce, run at different places.",
               "SP's messages are b·s·h elements, linear in s."]),
@@ -37,24 +37,29 @@ QUESTIONS = [
               "A larger buffer can only keep more assignments.",
               "The aux loss depends on the router's choices and probabilities, not on the capacity."],
              transfer=True),
-    Question("HSDP on 8 nodes of 8 GPUs (shard inside a node, replicate across) instead of FSDP over all 64 GPUs. "
+    Question("HSDP on 8 nodes of 8 H100 (shard inside a node, replicate across) instead of FSDP over all 64 GPUs. "
              "Per GPU and step, the bytes crossing the inter-node network…",
              ["are the same: both move every gradient once",
-              "shrink by about 13×: only each GPU's 1/8 gradient shard is all-reduced across nodes, instead of "
-              "2 all-gathers + 1 reduce-scatter of everything",
-              "grow, because HSDP adds an all-reduce", "drop to zero"], 1,
+              "shrink by about 1.7×: each GPU all-reduces only its 1/8 gradient shard across nodes, 2·(7/8)·S/8, "
+              "against FSDP's 3·(63/64)·S/8 (2 all-gathers and a reduce-scatter, each node's share split over its "
+              "8 rails)",
+              "shrink by about 13×: FSDP pushes its 3·(63/64)·S through each GPU's NIC",
+              "drop to zero"], 1,
              ["FSDP's all-gathers and reduce-scatter all cross nodes; HSDP keeps them on NVLink.",
-              "Right: 3·(63/64)·S against 2·(7/8)·S/8 — the price is 8× more parameter memory per GPU than FSDP.",
-              "It adds an all-reduce, but of a shard, and removes the inter-node all-gathers.",
+              "Right (lesson 02's rail model). The price is 8× more parameter memory per GPU than FSDP; the gain in "
+              "time is small on 8-rail nodes, large with one NIC per node or at scale (latency).",
+              "That counts a whole node's bytes against one GPU's: NCCL's flat ring leaves a node once per ring, "
+              "and it runs one ring per NIC, each carrying 1/8 of S.",
               "The gradient shards still have to be averaged across replicas."],
              transfer=True),
-    Question("The overlap arithmetic says FSDP across InfiniBand hides behind compute above ~7,500 tokens per GPU "
-             "(7B, bf16, 40 % MFU on H100). You move to GPUs with twice the FLOP/s and the same network. The "
+    Question("The overlap arithmetic says FSDP over 64 H100s on 8-rail nodes hides behind compute above ~1,200 tokens "
+             "per GPU (7B, bf16, 40 % MFU). You move to GPUs with twice the FLOP/s and the same network. The "
              "threshold…",
              ["halves", "stays the same", "doubles", "depends only on the model size"], 2,
              ["Faster compute finishes sooner, leaving less time to hide the same bytes.",
               "The bytes per layer are unchanged but the compute time per token halves.",
-              "Right: tokens ≥ (N−1)/N·P·b·F/(B·FLOPs per token): F doubles, so does the threshold.",
+              "Right: tokens ≥ (N−1)/N·P·b·F/(B·FLOPs per token): F doubles, so does the threshold (and with one "
+              "NIC per node, B is 8× smaller: ~7,500 tokens).",
               "P cancels: both the compute and the all-gather of a layer scale with its parameters."],
              transfer=True),
 ]

@@ -91,9 +91,7 @@ def _fetch(name: str, version: str, tmp: Path, dest: Path) -> None:
         raise RuntimeError(f"npm pack {name}@{version} failed:\n{out.stderr.strip()}")
     tarball = tmp / out.stdout.strip().splitlines()[-1]
     unpacked = tmp / f"{name}-unpacked"
-    with tarfile.open(tarball) as tar:
-        # the "data" filter refuses absolute paths, links out of the tree and device files
-        tar.extractall(unpacked, filter="data")
+    extract(tarball, unpacked)
     folder, keep = KEEP[name]
     for rel in keep:
         # MathJax's es5/ prefix is dropped; reveal.js keeps its layout, which the template hard-codes
@@ -105,6 +103,28 @@ def _fetch(name: str, version: str, tmp: Path, dest: Path) -> None:
             shutil.copy2(src, dst)
     if name == "reveal.js":
         _drop_remote_themes(dest / folder / "dist" / "theme")
+
+
+def extract(tarball: Path, dest: Path) -> None:
+    """Unpack `tarball` into `dest`, refusing what could land outside it (absolute paths, `..`, links, devices).
+
+    The "data" filter does exactly that; Python 3.10.0-3.10.11 (the floor is 3.10) has no `filter=`
+    (a TypeError): there, regular files and folders are checked and extracted one by one, the rest skipped.
+    """
+    with tarfile.open(tarball) as tar:
+        if hasattr(tarfile, "data_filter"):  # the documented test for filter support
+            tar.extractall(dest, filter="data")
+            return
+        root = dest.resolve()
+        for member in tar.getmembers():
+            target = (dest / member.name).resolve()
+            if not (member.isfile() or member.isdir()) or os.path.isabs(member.name) or \
+                    (target != root and root not in target.parents):
+                continue  # npm tarballs hold plain files; anything else has no business in a deck
+            # as the data filter does: no setuid/setgid/sticky or group/other write bits; owned by us
+            member.mode = 0o755 if member.isdir() else (member.mode & 0o755) | 0o600
+            member.uid, member.gid, member.uname, member.gname = os.getuid(), os.getgid(), "", ""
+            tar.extract(member, dest)
 
 
 def _drop_remote_themes(theme_dir: Path) -> None:

@@ -96,3 +96,17 @@ def dp_gradient(x: torch.Tensor, y: torch.Tensor, model: torch.nn.Module) -> tor
         g = torch.cat([torch.zeros_like(p).reshape(-1) for p in model.parameters()])
     dist.all_reduce(g)
     return g / world
+
+# %% 0.3 | every rank takes the gradient of the whole batch itself: no shards, no communication | expect: only its own shard
+def dp_gradient(x: torch.Tensor, y: torch.Tensor, model: torch.nn.Module) -> torch.Tensor:
+    model.zero_grad()
+    F.mse_loss(model(x), y).backward()
+    return torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+
+# %% 0.3 | the whole batch on every rank, then an all-reduce ÷ N (right numbers, N times the work) | expect: only its own shard
+def dp_gradient(x: torch.Tensor, y: torch.Tensor, model: torch.nn.Module) -> torch.Tensor:
+    model.zero_grad()
+    F.mse_loss(model(x), y).backward()
+    g = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+    dist.all_reduce(g)
+    return g / dist.get_world_size()

@@ -45,6 +45,20 @@ def largest_model(datasheet_gb: float, mode: str, reserve: float = 0.0) -> int:
 def min_gpus(params: float, datasheet_gb: float, mode: str) -> int:
     return math.ceil(params / largest_model(datasheet_gb, mode))
 
+# %% 1.1 | delegates to the course's compute_budget helpers | expect: work it out yourself
+from m11_helpers import compute_budget
+
+
+def largest_model(datasheet_gb: float, mode: str, reserve: float = 0.0) -> int:
+    per_param = {"inference": 2, "training": 16}
+    if mode not in per_param:
+        raise ValueError(f"mode must be 'inference' or 'training', got {mode!r}")
+    return compute_budget.max_params(datasheet_gb * 2**30 * (1 - reserve), per_param[mode])
+
+
+def min_gpus(params: float, datasheet_gb: float, mode: str) -> int:
+    return compute_budget.min_chips(params, datasheet_gb * 2**30, {"inference": 2, "training": 16}[mode])
+
 # %% 1.2 | counts reading A and B but not writing C | expect: output C
 def compute_bound_tokens(k: int, n: int, bytes_per_element: int, peak_flops: float, bandwidth: float) -> int | None:
     ridge = peak_flops / bandwidth
@@ -82,6 +96,17 @@ def compute_bound_tokens(k: int, n: int, bytes_per_element: int, peak_flops: flo
         if roofline.matmul_intensity(m, n, k, dtype) >= peak_flops / bandwidth:
             return m
     return None
+
+# %% 1.2 | searches m with the course's matmul_flops / matmul_bytes instead of deriving | expect: derive the threshold yourself
+def compute_bound_tokens(k: int, n: int, bytes_per_element: int, peak_flops: float, bandwidth: float) -> int | None:
+    dtype = {4: "fp32", 2: "bf16", 1: "fp8"}[bytes_per_element]
+    ridge = peak_flops / bandwidth
+    if k * n / (bytes_per_element * (k + n)) <= ridge:
+        return None
+    m = 1
+    while roofline.arithmetic_intensity(roofline.matmul_flops(m, n, k), roofline.matmul_bytes(m, n, k, dtype)) < ridge:
+        m += 1
+    return m
 
 # %% 1.3 | a line through the first and last points only | expect: two points
 def fit_alpha_beta(sizes, seconds) -> tuple[float, float]:

@@ -79,6 +79,13 @@ def my_ring_reduce_scatter(x: torch.Tensor) -> torch.Tensor:
 def my_ring_reduce_scatter(x: torch.Tensor) -> torch.Tensor:
     return course.ring_reduce_scatter(x)
 
+# %% 2.1 | calls the ring steps the lesson showed (collectives._reduce_scatter_) | expect: yourself
+def my_ring_reduce_scatter(x: torch.Tensor) -> torch.Tensor:
+    rank, n = dist.get_rank(), dist.get_world_size()
+    chunks = list(x.clone().chunk(n))
+    course._reduce_scatter_(chunks, None)
+    return chunks[rank]
+
 # %% 2.2 | direct exchange: sends its chunk straight to every rank | expect: right-hand neighbour
 def my_ring_all_gather(chunk: torch.Tensor) -> torch.Tensor:
     rank, n = dist.get_rank(), dist.get_world_size()
@@ -138,6 +145,15 @@ def my_ring_all_gather(chunk: torch.Tensor) -> torch.Tensor:
     dist.all_gather_single(out, chunk)
     return out
 
+# %% 2.2 | calls the ring steps of the course's module (collectives._all_gather_) | expect: yourself
+def my_ring_all_gather(chunk: torch.Tensor) -> torch.Tensor:
+    rank, n = dist.get_rank(), dist.get_world_size()
+    out = torch.empty(n * chunk.numel(), dtype=chunk.dtype)
+    parts = list(out.chunk(n))
+    parts[rank].copy_(chunk)
+    course._all_gather_(parts, None)
+    return out
+
 # %% 2.3 | log2 N without rounding up (fine for powers of two only) | expect: round log2 N up
 def crossover(N: int, alpha: float, beta: float) -> float:
     L = math.log2(N)
@@ -175,6 +191,22 @@ def crossover(N: int, alpha: float, beta: float) -> float:
 
 def half_bandwidth(N: int, alpha: float, beta: float) -> float:
     return cm.half_bandwidth_bytes(N, alpha, beta)
+
+# %% 2.3 | solves T_ring(S) = T_tree(S) numerically with the course's time formulas | expect: yourself
+def _solve(f, lo=1e-6, hi=1e18):  # geometric bisection for the sign change of f
+    for _ in range(300):
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if f(mid) > 0 else (lo, mid)
+    return math.sqrt(lo * hi)
+
+
+def crossover(N: int, alpha: float, beta: float) -> float:
+    gap = lambda S: cm.ring_allreduce_time(S, N, alpha, beta) - cm.tree_allreduce_time(S, N, alpha, beta)
+    return _solve(gap) if gap(1e-6) > 0 else 0.0
+
+
+def half_bandwidth(N: int, alpha: float, beta: float) -> float:
+    return _solve(lambda S: 1 / (2 * beta) - cm.busbw("all_reduce", S, cm.ring_allreduce_time(S, N, alpha, beta), N))
 
 # %% 2.4 | one flat all-reduce over every rank (right numbers, the whole tensor crosses nodes) | expect: reduce-scatter inside the node first
 def hierarchical_all_reduce(x: torch.Tensor, node_group, rail_group) -> torch.Tensor:

@@ -368,52 +368,344 @@ class TPMLP(nn.Module):
         return self.inner(x)
 
 # %% 4.4 | tensor parallelism across nodes (tp up to every GPU) | expect: inside a node
-def choose_3d(cfg, cluster, gpus, global_batch):
-    candidates = []
+import dataclasses
+
+from m11_helpers.config import param_count
+from m11_helpers.planner import first_stage_activation_bytes
+
+
+def stage0_gb(cfg, tp: int, pp: int, dp: int) -> float:
+    """GB on the first pipeline stage's GPU: its parameters ÷ tp under ZeRO-1 over dp, plus its activations."""
+    if pp == 1:
+        params = param_count(cfg)
+    else:
+        layer = param_count(dataclasses.replace(cfg, layers=2)) - param_count(dataclasses.replace(cfg, layers=1))
+        embedding = cfg.vocab_size * cfg.hidden + (cfg.seq_len * cfg.hidden if cfg.learned_positions else 0)
+        params = -(-cfg.layers // pp) * layer + embedding  # ⌈L/p⌉ layers + the input embedding
+    mine = -(-params // tp)  # Megatron splits every matrix (the vocabulary too) over the tp ranks
+    states = (2 + 2) * mine + 12 * -(-mine // dp)  # bf16 weights + grads whole; fp32 master + Adam sharded over dp
+    return (states + first_stage_activation_bytes(cfg, tp, pp)) / 1e9
+
+
+def choose_3d(cfg, cluster, gpus: int, global_batch: int):
+    """(dp, tp, pp) with the smallest tp·pp that fits under ZeRO-1, the largest tp among those; None if none fits."""
+    best = None
     for tp in range(1, gpus + 1):
         if cfg.heads % tp or gpus % tp:
             continue
         for pp in range(1, cfg.layers + 1):
             if cfg.layers % pp or gpus % (tp * pp) or global_batch % (gpus // (tp * pp)):
                 continue
-            if memory_per_gpu(cfg, tp, pp)["total"] <= 0.8 * cluster.memory_gb:
-                candidates.append((tp * pp, -tp, gpus // (tp * pp), tp, pp))
-    if not candidates:
-        return None
-    _, _, dp, tp, pp = min(candidates)
-    return dp, tp, pp
+            dp = gpus // (tp * pp)  # each candidate's own dp: ZeRO-1's saving depends on it
+            if stage0_gb(cfg, tp, pp, dp) <= 0.8 * cluster.memory_gb and (best is None or (tp * pp, -tp) < best[0]):
+                best = ((tp * pp, -tp), (dp, tp, pp))
+    return None if best is None else best[1]
 
 # %% 4.4 | prefers pipeline over tensor parallelism (smallest tp) | expect: largest tp
-def choose_3d(cfg, cluster, gpus, global_batch):
-    candidates = []
+import dataclasses
+
+from m11_helpers.config import param_count
+from m11_helpers.planner import first_stage_activation_bytes
+
+
+def stage0_gb(cfg, tp: int, pp: int, dp: int) -> float:
+    """GB on the first pipeline stage's GPU: its parameters ÷ tp under ZeRO-1 over dp, plus its activations."""
+    if pp == 1:
+        params = param_count(cfg)
+    else:
+        layer = param_count(dataclasses.replace(cfg, layers=2)) - param_count(dataclasses.replace(cfg, layers=1))
+        embedding = cfg.vocab_size * cfg.hidden + (cfg.seq_len * cfg.hidden if cfg.learned_positions else 0)
+        params = -(-cfg.layers // pp) * layer + embedding  # ⌈L/p⌉ layers + the input embedding
+    mine = -(-params // tp)  # Megatron splits every matrix (the vocabulary too) over the tp ranks
+    states = (2 + 2) * mine + 12 * -(-mine // dp)  # bf16 weights + grads whole; fp32 master + Adam sharded over dp
+    return (states + first_stage_activation_bytes(cfg, tp, pp)) / 1e9
+
+
+def choose_3d(cfg, cluster, gpus: int, global_batch: int):
+    """(dp, tp, pp) with the smallest tp·pp that fits under ZeRO-1, the largest tp among those; None if none fits."""
+    best = None
     for tp in range(1, cluster.gpus_per_node + 1):
         if cluster.gpus_per_node % tp or cfg.heads % tp or gpus % tp:
             continue
         for pp in range(1, cfg.layers + 1):
             if cfg.layers % pp or gpus % (tp * pp) or global_batch % (gpus // (tp * pp)):
                 continue
-            if memory_per_gpu(cfg, tp, pp)["total"] <= 0.8 * cluster.memory_gb:
-                candidates.append((tp * pp, tp, gpus // (tp * pp), tp, pp))
-    if not candidates:
-        return None
-    _, _, dp, tp, pp = min(candidates)
-    return dp, tp, pp
+            dp = gpus // (tp * pp)  # each candidate's own dp: ZeRO-1's saving depends on it
+            if stage0_gb(cfg, tp, pp, dp) <= 0.8 * cluster.memory_gb and (best is None or (tp * pp, tp) < best[0]):
+                best = ((tp * pp, tp), (dp, tp, pp))
+    return None if best is None else best[1]
 
 # %% 4.4 | fills the whole GPU (no 20 % headroom) | expect: 80 %
-def choose_3d(cfg, cluster, gpus, global_batch):
-    candidates = []
+import dataclasses
+
+from m11_helpers.config import param_count
+from m11_helpers.planner import first_stage_activation_bytes
+
+
+def stage0_gb(cfg, tp: int, pp: int, dp: int) -> float:
+    """GB on the first pipeline stage's GPU: its parameters ÷ tp under ZeRO-1 over dp, plus its activations."""
+    if pp == 1:
+        params = param_count(cfg)
+    else:
+        layer = param_count(dataclasses.replace(cfg, layers=2)) - param_count(dataclasses.replace(cfg, layers=1))
+        embedding = cfg.vocab_size * cfg.hidden + (cfg.seq_len * cfg.hidden if cfg.learned_positions else 0)
+        params = -(-cfg.layers // pp) * layer + embedding  # ⌈L/p⌉ layers + the input embedding
+    mine = -(-params // tp)  # Megatron splits every matrix (the vocabulary too) over the tp ranks
+    states = (2 + 2) * mine + 12 * -(-mine // dp)  # bf16 weights + grads whole; fp32 master + Adam sharded over dp
+    return (states + first_stage_activation_bytes(cfg, tp, pp)) / 1e9
+
+
+def choose_3d(cfg, cluster, gpus: int, global_batch: int):
+    """(dp, tp, pp) with the smallest tp·pp that fits under ZeRO-1, the largest tp among those; None if none fits."""
+    best = None
     for tp in range(1, cluster.gpus_per_node + 1):
         if cluster.gpus_per_node % tp or cfg.heads % tp or gpus % tp:
             continue
         for pp in range(1, cfg.layers + 1):
             if cfg.layers % pp or gpus % (tp * pp) or global_batch % (gpus // (tp * pp)):
                 continue
-            if memory_per_gpu(cfg, tp, pp)["total"] <= cluster.memory_gb:
-                candidates.append((tp * pp, -tp, gpus // (tp * pp), tp, pp))
-    if not candidates:
-        return None
-    _, _, dp, tp, pp = min(candidates)
-    return dp, tp, pp
+            dp = gpus // (tp * pp)  # each candidate's own dp: ZeRO-1's saving depends on it
+            if stage0_gb(cfg, tp, pp, dp) <= cluster.memory_gb and (best is None or (tp * pp, -tp) < best[0]):
+                best = ((tp * pp, -tp), (dp, tp, pp))
+    return None if best is None else best[1]
+
+# %% 4.4 | ZeRO-1 that shards all 16 B/param over dp (ZeRO-3's memory) | expect: stay whole
+import dataclasses
+
+from m11_helpers.config import param_count
+from m11_helpers.planner import first_stage_activation_bytes
+
+
+def stage0_gb(cfg, tp: int, pp: int, dp: int) -> float:
+    """GB on the first pipeline stage's GPU: its parameters ÷ tp under ZeRO-1 over dp, plus its activations."""
+    if pp == 1:
+        params = param_count(cfg)
+    else:
+        layer = param_count(dataclasses.replace(cfg, layers=2)) - param_count(dataclasses.replace(cfg, layers=1))
+        embedding = cfg.vocab_size * cfg.hidden + (cfg.seq_len * cfg.hidden if cfg.learned_positions else 0)
+        params = -(-cfg.layers // pp) * layer + embedding  # ⌈L/p⌉ layers + the input embedding
+    mine = -(-params // tp)  # Megatron splits every matrix (the vocabulary too) over the tp ranks
+    states = 16 * -(-mine // dp)  # bf16 weights + grads whole; fp32 master + Adam sharded over dp
+    return (states + first_stage_activation_bytes(cfg, tp, pp)) / 1e9
+
+
+def choose_3d(cfg, cluster, gpus: int, global_batch: int):
+    """(dp, tp, pp) with the smallest tp·pp that fits under ZeRO-1, the largest tp among those; None if none fits."""
+    best = None
+    for tp in range(1, cluster.gpus_per_node + 1):
+        if cluster.gpus_per_node % tp or cfg.heads % tp or gpus % tp:
+            continue
+        for pp in range(1, cfg.layers + 1):
+            if cfg.layers % pp or gpus % (tp * pp) or global_batch % (gpus // (tp * pp)):
+                continue
+            dp = gpus // (tp * pp)  # each candidate's own dp: ZeRO-1's saving depends on it
+            if stage0_gb(cfg, tp, pp, dp) <= 0.8 * cluster.memory_gb and (best is None or (tp * pp, -tp) < best[0]):
+                best = ((tp * pp, -tp), (dp, tp, pp))
+    return None if best is None else best[1]
+
+# %% 4.4 | no ZeRO: 16 B/param on every replica (the lesson's planner) | expect: 2 + 2 + 12/dp
+import dataclasses
+
+from m11_helpers.config import param_count
+from m11_helpers.planner import first_stage_activation_bytes
+
+
+def stage0_gb(cfg, tp: int, pp: int, dp: int) -> float:
+    """GB on the first pipeline stage's GPU: its parameters ÷ tp under ZeRO-1 over dp, plus its activations."""
+    if pp == 1:
+        params = param_count(cfg)
+    else:
+        layer = param_count(dataclasses.replace(cfg, layers=2)) - param_count(dataclasses.replace(cfg, layers=1))
+        embedding = cfg.vocab_size * cfg.hidden + (cfg.seq_len * cfg.hidden if cfg.learned_positions else 0)
+        params = -(-cfg.layers // pp) * layer + embedding  # ⌈L/p⌉ layers + the input embedding
+    mine = -(-params // tp)  # Megatron splits every matrix (the vocabulary too) over the tp ranks
+    states = 16 * mine  # bf16 weights + grads whole; fp32 master + Adam sharded over dp
+    return (states + first_stage_activation_bytes(cfg, tp, pp)) / 1e9
+
+
+def choose_3d(cfg, cluster, gpus: int, global_batch: int):
+    """(dp, tp, pp) with the smallest tp·pp that fits under ZeRO-1, the largest tp among those; None if none fits."""
+    best = None
+    for tp in range(1, cluster.gpus_per_node + 1):
+        if cluster.gpus_per_node % tp or cfg.heads % tp or gpus % tp:
+            continue
+        for pp in range(1, cfg.layers + 1):
+            if cfg.layers % pp or gpus % (tp * pp) or global_batch % (gpus // (tp * pp)):
+                continue
+            dp = gpus // (tp * pp)  # each candidate's own dp: ZeRO-1's saving depends on it
+            if stage0_gb(cfg, tp, pp, dp) <= 0.8 * cluster.memory_gb and (best is None or (tp * pp, -tp) < best[0]):
+                best = ((tp * pp, -tp), (dp, tp, pp))
+    return None if best is None else best[1]
+
+# %% 4.4 | stage 0 without the input embedding | expect: input embedding
+import dataclasses
+
+from m11_helpers.config import param_count
+from m11_helpers.planner import first_stage_activation_bytes
+
+
+def stage0_gb(cfg, tp: int, pp: int, dp: int) -> float:
+    """GB on the first pipeline stage's GPU: its parameters ÷ tp under ZeRO-1 over dp, plus its activations."""
+    if pp == 1:
+        params = param_count(cfg)
+    else:
+        layer = param_count(dataclasses.replace(cfg, layers=2)) - param_count(dataclasses.replace(cfg, layers=1))
+        params = -(-cfg.layers // pp) * layer  # ⌈L/p⌉ layers, and nothing else
+    mine = -(-params // tp)  # Megatron splits every matrix (the vocabulary too) over the tp ranks
+    states = (2 + 2) * mine + 12 * -(-mine // dp)  # bf16 weights + grads whole; fp32 master + Adam sharded over dp
+    return (states + first_stage_activation_bytes(cfg, tp, pp)) / 1e9
+
+
+def choose_3d(cfg, cluster, gpus: int, global_batch: int):
+    """(dp, tp, pp) with the smallest tp·pp that fits under ZeRO-1, the largest tp among those; None if none fits."""
+    best = None
+    for tp in range(1, cluster.gpus_per_node + 1):
+        if cluster.gpus_per_node % tp or cfg.heads % tp or gpus % tp:
+            continue
+        for pp in range(1, cfg.layers + 1):
+            if cfg.layers % pp or gpus % (tp * pp) or global_batch % (gpus // (tp * pp)):
+                continue
+            dp = gpus // (tp * pp)  # each candidate's own dp: ZeRO-1's saving depends on it
+            if stage0_gb(cfg, tp, pp, dp) <= 0.8 * cluster.memory_gb and (best is None or (tp * pp, -tp) < best[0]):
+                best = ((tp * pp, -tp), (dp, tp, pp))
+    return None if best is None else best[1]
+
+# %% 4.4 | forgets that Megatron splits the parameters over tp | expect: over the tp ranks
+import dataclasses
+
+from m11_helpers.config import param_count
+from m11_helpers.planner import first_stage_activation_bytes
+
+
+def stage0_gb(cfg, tp: int, pp: int, dp: int) -> float:
+    """GB on the first pipeline stage's GPU: its parameters ÷ tp under ZeRO-1 over dp, plus its activations."""
+    if pp == 1:
+        params = param_count(cfg)
+    else:
+        layer = param_count(dataclasses.replace(cfg, layers=2)) - param_count(dataclasses.replace(cfg, layers=1))
+        embedding = cfg.vocab_size * cfg.hidden + (cfg.seq_len * cfg.hidden if cfg.learned_positions else 0)
+        params = -(-cfg.layers // pp) * layer + embedding  # ⌈L/p⌉ layers + the input embedding
+    mine = params  # Megatron splits every matrix (the vocabulary too) over the tp ranks
+    states = (2 + 2) * mine + 12 * -(-mine // dp)  # bf16 weights + grads whole; fp32 master + Adam sharded over dp
+    return (states + first_stage_activation_bytes(cfg, tp, pp)) / 1e9
+
+
+def choose_3d(cfg, cluster, gpus: int, global_batch: int):
+    """(dp, tp, pp) with the smallest tp·pp that fits under ZeRO-1, the largest tp among those; None if none fits."""
+    best = None
+    for tp in range(1, cluster.gpus_per_node + 1):
+        if cluster.gpus_per_node % tp or cfg.heads % tp or gpus % tp:
+            continue
+        for pp in range(1, cfg.layers + 1):
+            if cfg.layers % pp or gpus % (tp * pp) or global_batch % (gpus // (tp * pp)):
+                continue
+            dp = gpus // (tp * pp)  # each candidate's own dp: ZeRO-1's saving depends on it
+            if stage0_gb(cfg, tp, pp, dp) <= 0.8 * cluster.memory_gb and (best is None or (tp * pp, -tp) < best[0]):
+                best = ((tp * pp, -tp), (dp, tp, pp))
+    return None if best is None else best[1]
+
+# %% 4.4 | judges every candidate at dp = 1, not its own dp | expect: its own dp
+import dataclasses
+
+from m11_helpers.config import param_count
+from m11_helpers.planner import first_stage_activation_bytes
+
+
+def stage0_gb(cfg, tp: int, pp: int, dp: int) -> float:
+    """GB on the first pipeline stage's GPU: its parameters ÷ tp under ZeRO-1 over dp, plus its activations."""
+    if pp == 1:
+        params = param_count(cfg)
+    else:
+        layer = param_count(dataclasses.replace(cfg, layers=2)) - param_count(dataclasses.replace(cfg, layers=1))
+        embedding = cfg.vocab_size * cfg.hidden + (cfg.seq_len * cfg.hidden if cfg.learned_positions else 0)
+        params = -(-cfg.layers // pp) * layer + embedding  # ⌈L/p⌉ layers + the input embedding
+    mine = -(-params // tp)  # Megatron splits every matrix (the vocabulary too) over the tp ranks
+    states = (2 + 2) * mine + 12 * -(-mine // dp)  # bf16 weights + grads whole; fp32 master + Adam sharded over dp
+    return (states + first_stage_activation_bytes(cfg, tp, pp)) / 1e9
+
+
+def choose_3d(cfg, cluster, gpus: int, global_batch: int):
+    """(dp, tp, pp) with the smallest tp·pp that fits under ZeRO-1, the largest tp among those; None if none fits."""
+    best = None
+    for tp in range(1, cluster.gpus_per_node + 1):
+        if cluster.gpus_per_node % tp or cfg.heads % tp or gpus % tp:
+            continue
+        for pp in range(1, cfg.layers + 1):
+            if cfg.layers % pp or gpus % (tp * pp) or global_batch % (gpus // (tp * pp)):
+                continue
+            dp = gpus // (tp * pp)  # each candidate's own dp: ZeRO-1's saving depends on it
+            if stage0_gb(cfg, tp, pp, 1) <= 0.8 * cluster.memory_gb and (best is None or (tp * pp, -tp) < best[0]):
+                best = ((tp * pp, -tp), (dp, tp, pp))
+    return None if best is None else best[1]
+
+# %% 4.4 | memory in GiB instead of GB | expect: not GiB
+import dataclasses
+
+from m11_helpers.config import param_count
+from m11_helpers.planner import first_stage_activation_bytes
+
+
+def stage0_gb(cfg, tp: int, pp: int, dp: int) -> float:
+    """GB on the first pipeline stage's GPU: its parameters ÷ tp under ZeRO-1 over dp, plus its activations."""
+    if pp == 1:
+        params = param_count(cfg)
+    else:
+        layer = param_count(dataclasses.replace(cfg, layers=2)) - param_count(dataclasses.replace(cfg, layers=1))
+        embedding = cfg.vocab_size * cfg.hidden + (cfg.seq_len * cfg.hidden if cfg.learned_positions else 0)
+        params = -(-cfg.layers // pp) * layer + embedding  # ⌈L/p⌉ layers + the input embedding
+    mine = -(-params // tp)  # Megatron splits every matrix (the vocabulary too) over the tp ranks
+    states = (2 + 2) * mine + 12 * -(-mine // dp)  # bf16 weights + grads whole; fp32 master + Adam sharded over dp
+    return (states + first_stage_activation_bytes(cfg, tp, pp)) / 2**30
+
+
+def choose_3d(cfg, cluster, gpus: int, global_batch: int):
+    """(dp, tp, pp) with the smallest tp·pp that fits under ZeRO-1, the largest tp among those; None if none fits."""
+    best = None
+    for tp in range(1, cluster.gpus_per_node + 1):
+        if cluster.gpus_per_node % tp or cfg.heads % tp or gpus % tp:
+            continue
+        for pp in range(1, cfg.layers + 1):
+            if cfg.layers % pp or gpus % (tp * pp) or global_batch % (gpus // (tp * pp)):
+                continue
+            dp = gpus // (tp * pp)  # each candidate's own dp: ZeRO-1's saving depends on it
+            if stage0_gb(cfg, tp, pp, dp) <= 0.8 * cluster.memory_gb and (best is None or (tp * pp, -tp) < best[0]):
+                best = ((tp * pp, -tp), (dp, tp, pp))
+    return None if best is None else best[1]
+
+# %% 4.4 | model states from model_states.model_state_bytes (not derived) | expect: derive
+import dataclasses
+
+from m11_helpers.config import param_count
+from m11_helpers.model_states import model_state_bytes
+from m11_helpers.planner import first_stage_activation_bytes
+
+
+def stage0_gb(cfg, tp: int, pp: int, dp: int) -> float:
+    """GB on the first pipeline stage's GPU: its parameters ÷ tp under ZeRO-1 over dp, plus its activations."""
+    if pp == 1:
+        params = param_count(cfg)
+    else:
+        layer = param_count(dataclasses.replace(cfg, layers=2)) - param_count(dataclasses.replace(cfg, layers=1))
+        embedding = cfg.vocab_size * cfg.hidden + (cfg.seq_len * cfg.hidden if cfg.learned_positions else 0)
+        params = -(-cfg.layers // pp) * layer + embedding  # ⌈L/p⌉ layers + the input embedding
+    mine = -(-params // tp)  # Megatron splits every matrix (the vocabulary too) over the tp ranks
+    states = model_state_bytes(mine, "megatron", dp, 1)["total"]  # bf16 weights + grads whole; fp32 master + Adam sharded over dp
+    return (states + first_stage_activation_bytes(cfg, tp, pp)) / 1e9
+
+
+def choose_3d(cfg, cluster, gpus: int, global_batch: int):
+    """(dp, tp, pp) with the smallest tp·pp that fits under ZeRO-1, the largest tp among those; None if none fits."""
+    best = None
+    for tp in range(1, cluster.gpus_per_node + 1):
+        if cluster.gpus_per_node % tp or cfg.heads % tp or gpus % tp:
+            continue
+        for pp in range(1, cfg.layers + 1):
+            if cfg.layers % pp or gpus % (tp * pp) or global_batch % (gpus // (tp * pp)):
+                continue
+            dp = gpus // (tp * pp)  # each candidate's own dp: ZeRO-1's saving depends on it
+            if stage0_gb(cfg, tp, pp, dp) <= 0.8 * cluster.memory_gb and (best is None or (tp * pp, -tp) < best[0]):
+                best = ((tp * pp, -tp), (dp, tp, pp))
+    return None if best is None else best[1]
 
 # %% 4.4 | delegates to the planner's megatron_rule (the rule the lesson prints) | expect: derive
 from m11_helpers.planner import megatron_rule

@@ -239,3 +239,31 @@ class ZeRO3Linear(torch.autograd.Function):
         grad_shard = torch.empty_like(shard)
         backend_reduce_scatter(grad_shard, flat)
         return grad_y @ w, grad_shard / n, None, None
+
+# %% 5.4 | gathers into a list of chunks, then torch.cat (the layer held twice) | expect: holds the layer twice
+def gather_layer(shard, out_features, in_features):
+    chunks = [torch.empty_like(shard) for _ in range(dist.get_world_size())]
+    dist.all_gather(chunks, shard)
+    full = torch.cat(chunks)  # a second full copy while the chunks are still alive
+    return full[:out_features * in_features].view(out_features, in_features), \
+        full[out_features * in_features:out_features * (in_features + 1)]
+
+
+class ZeRO3Linear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, shard, out_features, in_features):
+        ctx.save_for_backward(x, shard)
+        ctx.shape = (out_features, in_features)
+        w, b = gather_layer(shard, out_features, in_features)
+        return torch.addmm(b, x, w.t())
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        x, shard = ctx.saved_tensors
+        w, _ = gather_layer(shard, *ctx.shape)
+        n = dist.get_world_size()
+        flat = torch.cat([(grad_y.t() @ x).reshape(-1), grad_y.sum(0)])
+        flat = F.pad(flat, (0, n * shard.numel() - flat.numel()))
+        grad_shard = torch.empty_like(shard)
+        backend_reduce_scatter(grad_shard, flat)
+        return grad_y @ w, grad_shard / n, None, None

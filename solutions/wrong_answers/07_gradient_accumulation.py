@@ -62,6 +62,19 @@ def train_with_accumulation(model, optimizer, batches, K: int) -> int:
 def train_with_accumulation(model, optimizer, batches, K: int) -> int:
     return len(course_loop.train_with_accumulation(model, optimizer, batches, K))
 
+# %% 7.2 | concatenates each window into one batch: one backward, no accumulation (K× the activations) | expect: one forward and backward per micro-batch
+def train_with_accumulation(model, optimizer, batches, K: int) -> int:
+    steps = 0
+    optimizer.zero_grad(set_to_none=True)
+    for start in range(0, len(batches), K):
+        window = batches[start:start + K]
+        x, y = torch.cat([b[0] for b in window]), torch.cat([b[1] for b in window])
+        F.mse_loss(model(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        steps += 1
+    return steps
+
 # %% 7.3 | mean loss per micro-batch, divided by K (mean of means) | expect: total token count
 def token_weighted_losses(per_token_losses, masks):
     K = len(masks)
@@ -117,6 +130,11 @@ def ddp_accumulate(ddp_model, micro_batches) -> None:
     for p in ddp_model.parameters():
         dist.all_reduce(p.grad)
         p.grad /= dist.get_world_size()
+
+# %% 7.4 | concatenates the K micro-batches into one backward: one all-reduce, K× the activations | expect: one forward and backward per micro-batch
+def ddp_accumulate(ddp_model, micro_batches) -> None:
+    x, y = torch.cat([b[0] for b in micro_batches]), torch.cat([b[1] for b in micro_batches])
+    F.mse_loss(ddp_model(x), y).backward()
 
 # %% 7.5 | forgets ÷K | expect: divide each micro-loss by K
 def composed_step(model, optimizer, scheduler, micro_batches, max_norm: float):
@@ -252,6 +270,18 @@ def composed_step(model, optimizer, scheduler, micro_batches, max_norm: float):
 def composed_step(model, optimizer, scheduler, micro_batches, max_norm: float):
     return course_step.accumulation_step(model, optimizer, scheduler, micro_batches, max_norm=max_norm)
 
+# %% 7.5 | one backward on the concatenated window: one sync, but K× the activations | expect: one forward and backward per micro-batch
+def composed_step(model, optimizer, scheduler, micro_batches, max_norm: float):
+    x, y = torch.cat([b[0] for b in micro_batches]), torch.cat([b[1] for b in micro_batches])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = F.mse_loss(model(x), y)
+    loss.backward()
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return norm
+
 # %% 7.6 | steps the scheduler every time, skipped or not | expect: do not step the scheduler
 def scaled_step(model, optimizer, scheduler, scaler, micro_batches, max_norm: float) -> bool:
     K = len(micro_batches)
@@ -349,6 +379,23 @@ def scaled_step(model, optimizer, scheduler, scaler, micro_batches, max_norm: fl
             with torch.autocast("cpu", dtype=torch.float16):
                 loss = F.mse_loss(model(x), y)
             scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    before = scaler.get_scale()
+    scaler.step(optimizer)
+    scaler.update()
+    stepped = scaler.get_scale() >= before
+    if stepped:
+        scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return stepped
+
+# %% 7.6 | one scaled backward on the concatenated window: K× the activations | expect: one forward and backward per micro-batch
+def scaled_step(model, optimizer, scheduler, scaler, micro_batches, max_norm: float) -> bool:
+    x, y = torch.cat([b[0] for b in micro_batches]), torch.cat([b[1] for b in micro_batches])
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = F.mse_loss(model(x), y)
+    scaler.scale(loss).backward()
     scaler.unscale_(optimizer)
     torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
     before = scaler.get_scale()

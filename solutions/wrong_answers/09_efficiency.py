@@ -1,32 +1,43 @@
 """Recorded wrong answers for solutions/09_efficiency.ipynb (format: m11_helpers/grading/wrong_answers.py)."""
 
-# %% 9.1 | forgets to rescale the old output by exp(m − m') | expect: the same exp(m − m') factor
-def online_update(m, l, o, s, v):
-    m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
-    alpha = torch.exp(m - m_new)
-    p = torch.exp(s - m_new)
-    return m_new, alpha * l + p.sum(dim=-1, keepdim=True), o + p @ v
+# %% 9.1 | adds the sums and outputs without re-basing them on the common max | expect: re-base each sum
+def merge_states(a, b):
+    (m_a, l_a, o_a), (m_b, l_b, o_b) = a, b
+    return torch.maximum(m_a, m_b), l_a + l_b, o_a + o_b
 
-# %% 9.1 | forgets to rescale the old sum | expect: rescale the old sum
-def online_update(m, l, o, s, v):
-    m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
-    alpha = torch.exp(m - m_new)
-    p = torch.exp(s - m_new)
-    return m_new, l + p.sum(dim=-1, keepdim=True), alpha * o + p @ v
+# %% 9.1 | re-bases the sums but not the outputs | expect: the same factors as the sums
+def merge_states(a, b):
+    (m_a, l_a, o_a), (m_b, l_b, o_b) = a, b
+    m = torch.maximum(m_a, m_b)
+    return m, torch.exp(m_a - m) * l_a + torch.exp(m_b - m) * l_b, o_a + o_b
 
-# %% 9.1 | keeps only this block's max as the running max | expect: not this block's
-def online_update(m, l, o, s, v):
-    m_new = s.amax(dim=-1, keepdim=True)
-    alpha = torch.exp(m - m_new)
-    p = torch.exp(s - m_new)
-    return m_new, alpha * l + p.sum(dim=-1, keepdim=True), alpha * o + p @ v
+# %% 9.1 | keeps the first state's max (re-bases b onto it) | expect: the max over both key sets
+def merge_states(a, b):
+    (m_a, l_a, o_a), (m_b, l_b, o_b) = a, b
+    w = torch.exp(m_b - m_a)
+    return m_a, l_a + w * l_b, o_a + w * o_b
 
-# %% 9.1 | delegates to the lesson's online_softmax_update | expect: write it yourself
+# %% 9.1 | the merge of the formula, unguarded: NaN when both states are empty (−inf − (−inf)) | expect: e^(−inf + inf) = NaN
+def merge_states(a, b):
+    (m_a, l_a, o_a), (m_b, l_b, o_b) = a, b
+    m = torch.maximum(m_a, m_b)
+    w_a, w_b = torch.exp(m_a - m), torch.exp(m_b - m)
+    return m, w_a * l_a + w_b * l_b, w_a * o_a + w_b * o_b
+
+# %% 9.1 | re-bases with the factor upside down, e^(m − m_a) | expect: re-base each sum
+def merge_states(a, b):
+    (m_a, l_a, o_a), (m_b, l_b, o_b) = a, b
+    m = torch.maximum(m_a, m_b)
+    w_a, w_b = torch.exp(m - m_a), torch.exp(m - m_b)
+    return m, w_a * l_a + w_b * l_b, w_a * o_a + w_b * o_b
+
+# %% 9.1 | delegates to the lesson's online_softmax_update (b's state as one pseudo-score) | expect: write the merge yourself
 from m11_helpers.attention import online_softmax_update
 
 
-def online_update(m, l, o, s, v):
-    return online_softmax_update(m, l, o, s, v)
+def merge_states(a, b):
+    (m_a, l_a, o_a), (m_b, l_b, o_b) = a, b
+    return online_softmax_update(m_a, l_a, o_a, m_b + torch.log(l_b), o_b / l_b)  # b as one key: wrong m, and forbidden
 
 # %% 9.2 | calls F.scaled_dot_product_attention (the exercise is to write it) | expect: write the tiles yourself
 def my_tiled_attention(q, k, v, block, causal=False):
@@ -63,7 +74,9 @@ def my_tiled_attention(q, k, v, block, causal=False):
             if causal:
                 s = s.masked_fill(torch.arange(j0, j0 + kj.shape[-2])[None, :] > torch.arange(i0, i0 + rows)[:, None],
                                   -math.inf)
-            m, l, o = online_update(m, l, o, s, vj)
+            m_t = s.amax(dim=-1, keepdim=True)
+            p = torch.exp(s - m_t)
+            m, l, o = merge_states((m, l, o), (m_t, p.sum(dim=-1, keepdim=True), p @ vj))
         outs.append(o / l)
     return torch.cat(outs, dim=-2)
 
@@ -121,7 +134,9 @@ def my_tiled_attention(q, k, v, block, causal=False):
             if causal:
                 s = s.masked_fill(torch.arange(j0, j0 + kj.shape[-2])[None, :] >= torch.arange(i0, i0 + rows)[:, None],
                                   -math.inf)
-            m, l, o = online_update(m, l, o, s, vj)
+            m_t = s.amax(dim=-1, keepdim=True)
+            p = torch.exp(s - m_t)
+            m, l, o = merge_states((m, l, o), (m_t, p.sum(dim=-1, keepdim=True), p @ vj))
         outs.append(o / l)
     return torch.cat(outs, dim=-2)
 
@@ -139,7 +154,9 @@ def my_tiled_attention(q, k, v, block, causal=False):
             if causal:
                 s = s.masked_fill(torch.arange(j0, j0 + block)[None, :] > torch.arange(i0, i0 + block)[:, None],
                                   -math.inf)
-            m, l, o = online_update(m, l, o, s, vj)
+            m_t = s.amax(dim=-1, keepdim=True)
+            p = torch.exp(s - m_t)
+            m, l, o = merge_states((m, l, o), (m_t, p.sum(dim=-1, keepdim=True), p @ vj))
         outs.append(o / l)
     return torch.cat(outs, dim=-2)
 

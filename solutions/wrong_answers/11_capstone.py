@@ -176,6 +176,26 @@ def train_loop(run, train_step):
     run.ckpt.wait()
     return step
 
+# %% 11.2 | checkpoints only every ckpt_every steps, not the end of the run | expect: checkpoint the end of the run
+def train_loop(run, train_step):
+    state = {"scheduler": run.scheduler}
+    resumed = run.ckpt.load(run.model, run.optimizer, **state)
+    step = resumed["step"] if resumed else 0
+    while step < run.steps:
+        if run.stop_requested():
+            run.ckpt.save(step, run.model, run.optimizer, **state)
+            run.ckpt.wait()
+            return step
+        train_step(run.model, run.micro_batches(step), run.clip)
+        run.optimizer.step()
+        run.scheduler.step()
+        run.optimizer.zero_grad(set_to_none=True)
+        step += 1
+        if step % run.ckpt_every == 0:
+            run.ckpt.save(step, run.model, run.optimizer, **state)
+    run.ckpt.wait()
+    return step
+
 # %% 11.2 | delegates to the script's own loop | expect: write the loop yourself
 def train_loop(run, train_step):
     return reference_loop(run, train_step)

@@ -4,19 +4,78 @@
 def zigzag_shard(x, rank, world):
     return x.chunk(world, dim=-2)[rank]
 
+
+def zigzag_unshard(parts):
+    halves = [p.chunk(2, dim=-2) for p in parts]
+    return torch.cat([h[0] for h in halves] + [h[1] for h in reversed(halves)], dim=-2)
+
 # %% 12.1 | every N-th token (striped), not the 2N-chunk zigzag | expect: 2N chunks
 def zigzag_shard(x, rank, world):
     return x[..., rank::world, :]
+
+
+def zigzag_unshard(parts):
+    halves = [p.chunk(2, dim=-2) for p in parts]
+    return torch.cat([h[0] for h in halves] + [h[1] for h in reversed(halves)], dim=-2)
 
 # %% 12.1 | off by one: chunks r and 2N-2-r | expect: exactly one rank
 def zigzag_shard(x, rank, world):
     parts = x.chunk(2 * world, dim=-2)
     return torch.cat([parts[rank], parts[2 * world - 2 - rank]], dim=-2)
 
+
+def zigzag_unshard(parts):
+    halves = [p.chunk(2, dim=-2) for p in parts]
+    return torch.cat([h[0] for h in halves] + [h[1] for h in reversed(halves)], dim=-2)
+
 # %% 12.1 | the two chunks in the wrong order | expect: order matters
 def zigzag_shard(x, rank, world):
     parts = x.chunk(2 * world, dim=-2)
     return torch.cat([parts[2 * world - 1 - rank], parts[rank]], dim=-2)
+
+
+def zigzag_unshard(parts):
+    halves = [p.chunk(2, dim=-2) for p in parts]
+    return torch.cat([h[0] for h in halves] + [h[1] for h in reversed(halves)], dim=-2)
+
+# %% 12.1 | unshard: the parts concatenated in rank order | expect: keeps the zigzag
+def zigzag_shard(x, rank, world):
+    parts = x.chunk(2 * world, dim=-2)
+    return torch.cat([parts[rank], parts[2 * world - 1 - rank]], dim=-2)
+
+
+def zigzag_unshard(parts):
+    return torch.cat(parts, dim=-2)
+
+# %% 12.1 | unshard: second chunks in rank order, not reversed | expect: REVERSE rank order
+def zigzag_shard(x, rank, world):
+    parts = x.chunk(2 * world, dim=-2)
+    return torch.cat([parts[rank], parts[2 * world - 1 - rank]], dim=-2)
+
+
+def zigzag_unshard(parts):
+    halves = [p.chunk(2, dim=-2) for p in parts]
+    return torch.cat([h[0] for h in halves] + [h[1] for h in halves], dim=-2)
+
+# %% 12.1 | unshard: reverses the first chunks instead of the second | expect: REVERSE rank order
+def zigzag_shard(x, rank, world):
+    parts = x.chunk(2 * world, dim=-2)
+    return torch.cat([parts[rank], parts[2 * world - 1 - rank]], dim=-2)
+
+
+def zigzag_unshard(parts):
+    halves = [p.chunk(2, dim=-2) for p in parts]
+    return torch.cat([h[0] for h in reversed(halves)] + [h[1] for h in halves], dim=-2)
+
+# %% 12.1 | unshard through the lesson's context_parallel.unshard_sequence | expect: yourself
+def zigzag_shard(x, rank, world):
+    parts = x.chunk(2 * world, dim=-2)
+    return torch.cat([parts[rank], parts[2 * world - 1 - rank]], dim=-2)
+
+
+def zigzag_unshard(parts):
+    from m11_helpers.context_parallel import unshard_sequence
+    return unshard_sequence(parts, layout="zigzag")
 
 # %% 12.2 | g's backward keeps the local chunk of the gradient, without summing over ranks | expect: reduce-scatter
 class GatherSeq(torch.autograd.Function):
@@ -265,5 +324,24 @@ def ring_attention_forward(q, k, v):
             else:
                 dist.recv(nxt, (rank - 1) % n)
                 dist.send(kv, (rank + 1) % n)
+            kv = nxt
+    return o / l
+
+# %% 12.3 | isend/irecv posted only after computing on the block (no overlap) | expect: before computing
+def ring_attention_forward(q, k, v):
+    rank, n = dist.get_rank(), dist.get_world_size()
+    D, scale = q.shape[-1], 1.0 / math.sqrt(q.shape[-1])
+    m = q.new_full((*q.shape[:-1], 1), float("-inf"))
+    l = q.new_zeros((*q.shape[:-1], 1))
+    o = torch.zeros_like(q)
+    kv = torch.cat([k, v], dim=-1).contiguous()
+    for step in range(n):
+        s = (q @ kv[..., :D].transpose(-2, -1)) * scale  # compute first ...
+        m, l, o = online_softmax_update(m, l, o, s, kv[..., D:])
+        if step < n - 1:  # ... then exchange: the link idles while the cores work
+            nxt = torch.empty_like(kv)
+            reqs = [dist.isend(kv, (rank + 1) % n), dist.irecv(nxt, (rank - 1) % n)]
+            for req in reqs:
+                req.wait()
             kv = nxt
     return o / l

@@ -29,9 +29,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = ROOT / "build" / "venvs"
 
-# Google Colab's Jupyter stack, which installing the course must leave alone (issue 23): the
-# versions its image has pinned for years (ipywidgets 7.7.1, jupyter-client 6.1.12, notebook 6.5.5,
-# jupyter-server 1.24, tornado 6.3, traitlets 5.7), with the IPython/ipykernel it pairs them with.
+# Google Colab's Jupyter stack, which installing the course must leave alone (upgrading it breaks Colab's
+# own front end): the versions its image has pinned for years (ipywidgets 7.7.1, jupyter-client 6.1.12,
+# notebook 6.5.5, jupyter-server 1.24, tornado 6.3, traitlets 5.7), with the IPython/ipykernel it pairs them with.
 COLAB_PINS = ("ipywidgets==7.7.1", "jupyter-client==6.1.12", "notebook==6.5.5", "jupyter-server==1.24.0",
               "tornado==6.3.3", "traitlets==5.7.1", "ipython==7.34.0", "ipykernel==5.5.6")
 # what pip prints when it cannot reach an index: the one reason the Colab test may skip

@@ -9,12 +9,20 @@ Without a GPU it says so and exits 0 having run nothing. Each check prints one l
 the exit code is 1 when any failed. The whole run keeps to `--budget` seconds (default 480, the
 8 minutes the instructor guide promises on one GPU): checks that would start after the budget is
 spent are skipped with that reason. The checks are in `compute.py` (one device) and `distributed.py` (through the launchers).
+
+Each check runs in a fresh interpreter of its own (multiprocessing "spawn"), killed with all it
+started when what is left of the budget runs out. A check that computes on the GPU initialises CUDA
+in its process, and a process that has done so can no longer fork ranks that use CUDA: in one
+process, every `launch()` check after the first GPU computation failed. A crash of one check (a CUDA
+fault, an abort in NCCL) is then a failed line, not the end of the run. This process itself never
+initialises CUDA: the GPUs are counted and named through NVML (`m11_helpers.environment.gpu_names`).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import platform
 import sys
 import time
@@ -23,7 +31,7 @@ from pathlib import Path
 
 from m11_helpers.tools.gpu_check import compute as c
 from m11_helpers.tools.gpu_check import distributed as d
-from m11_helpers.tools.gpu_check.checks import Check, Outcome, Skip
+from m11_helpers.tools.gpu_check.checks import Check, Skip
 
 __all__ = ["CHECKS", "Result", "run_checks", "report_markdown", "main"]
 
@@ -52,9 +60,9 @@ class Result:
 
 def run_checks(names: list[str] | None = None, budget_s: float = 480, repo: Path | None = None,
                echo: bool = True) -> list[Result]:
-    """Run the named checks (all by default) in order, each isolated from the others' failures."""
+    """Run the named checks (all by default) in order, each in a process of its own (the module docstring says why)."""
     deadline = time.monotonic() + budget_s
-    ctx = {"repo": repo, "deadline": deadline}
+    ctx = {"repo": repo, "deadline": deadline}  # CLOCK_MONOTONIC is one clock for every process of the machine
     results = []
     for check in CHECKS:
         if names and check.name not in names:
@@ -63,19 +71,56 @@ def run_checks(names: list[str] | None = None, budget_s: float = 480, repo: Path
         if start > deadline:
             res = Result(check.name, "skipped", f"the {budget_s:g} s budget was spent before it started")
         else:
-            try:
-                out: Outcome = check.run(ctx)
-                res = Result(check.name, "passed", out.figure)
-            except Skip as why:
-                res = Result(check.name, "skipped", str(why))
-            except Exception as err:  # noqa: BLE001 - a failing check is a result, the others still run
-                last = traceback.format_exception_only(type(err), err)[-1].strip()
-                res = Result(check.name, "failed", last[:500])
+            res = _run_isolated(check, ctx, deadline - start)
         res.seconds = round(time.monotonic() - start, 1)
         results.append(res)
         if echo:
             print(f"  {res.status:<8}{res.name:<14}{res.figure}", flush=True)
     return results
+
+
+def _run_isolated(check: Check, ctx: dict, timeout: float) -> Result:
+    """`check.run(ctx)` in a fresh spawned interpreter; its status and figure, or why it has none."""
+    import multiprocessing
+
+    from m11_helpers.procs import kill_tree
+
+    spawn = multiprocessing.get_context("spawn")
+    reader, writer = spawn.Pipe(duplex=False)
+    proc = spawn.Process(target=_child, args=(check.run, ctx, writer, os.getpid()), name=f"gpu-check {check.name}")
+    proc.start()
+    writer.close()  # ours: EOF on the reader once the child is gone
+    answered = False
+    try:
+        if not reader.poll(timeout):
+            return Result(check.name, "failed", f"did not finish within the {timeout:.0f} s left of the budget: stopped")
+        status, figure = reader.recv()
+        answered = True
+        return Result(check.name, status, figure)
+    except EOFError:  # the child died without a word: a segfault, an abort in a CUDA library, OOM-killed
+        proc.join(5)
+        return Result(check.name, "failed", f"its process died (exit code {proc.exitcode}) before reporting")
+    finally:
+        reader.close()
+        proc.join(10 if answered else 0)
+        if proc.exitcode is None:  # still running (timed out, or stuck after answering): it and all it started
+            kill_tree([proc.pid])  # not after a join reaped it: its pid may belong to someone else by then
+            proc.join(1)
+
+
+def _child(run, ctx: dict, writer, parent: int) -> None:
+    """The check's own process: run it, send (status, figure) back."""
+    from m11_helpers.procs import die_with_parent
+
+    die_with_parent(parent=parent)  # a killed `m11 gpu-check` takes its check with it
+    try:
+        writer.send(("passed", run(ctx).figure))
+    except Skip as why:
+        writer.send(("skipped", str(why)))
+    except Exception as err:  # noqa: BLE001 - a failing check is a result, the others still run
+        writer.send(("failed", traceback.format_exception_only(type(err), err)[-1].strip()[:500]))
+    finally:
+        writer.close()
 
 
 def report_markdown(results: list[Result], environment: str) -> str:
@@ -91,9 +136,12 @@ def report_markdown(results: list[Result], environment: str) -> str:
 
 
 def _environment_line() -> str:
+    """Versions and GPUs, read without initialising CUDA in this process (NVML names; torch.version)."""
     import torch
 
-    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    from m11_helpers.environment import gpu_names
+
+    gpus = gpu_names()
     return (f"torch {torch.__version__} (CUDA {torch.version.cuda}) · Python {platform.python_version()} · "
             f"{len(gpus)}× {gpus[0] if gpus else 'no GPU'} · {time.strftime('%Y-%m-%d %H:%M')}")
 
@@ -113,10 +161,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.budget <= 0:
         print("m11 gpu-check: --budget must be > 0 seconds", file=sys.stderr)
         return 2
-    import torch
+    from m11_helpers.launch.base import gpu_count
 
-    if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
-        print("m11 gpu-check: no CUDA GPU on this machine (torch.cuda.is_available() is False): nothing to run.\n"
+    if gpu_count() == 0:
+        print("m11 gpu-check: no CUDA GPU on this machine (torch.cuda.device_count() is 0): nothing to run.\n"
               "Run it on a machine with an NVIDIA GPU; `m11 gpu-check --list` shows what it checks.")
         return 0
     from m11_helpers.tools.paths import repo_root

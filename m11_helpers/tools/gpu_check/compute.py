@@ -21,7 +21,6 @@ def check_matmul(ctx: dict) -> Outcome:
         peak = chip.peak_tflops.get(label) if chip else None
         parts.append(f"{label} {tflops:.0f} TFLOP/s" + (f" ({tflops / peak:.0%} of {peak:g})" if peak else ""))
     torch.backends.cuda.matmul.allow_tf32 = False
-    ctx["matmul_bf16_tflops"] = tflops
     return Outcome("; ".join(parts) + (f" — datasheet: {chip.name}" if chip else " — no datasheet row for this GPU"))
 
 

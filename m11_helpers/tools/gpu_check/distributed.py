@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import time
 
-from m11_helpers.tools.gpu_check.checks import Outcome, Skip, gpu_count
+from m11_helpers.launch.base import gpu_count  # counted through NVML: CUDA stays uninitialised until launch()
+from m11_helpers.tools.gpu_check.checks import Outcome, Skip
 
 
 def _nccl_all_reduce() -> float:
