@@ -27,7 +27,7 @@ import nbformat
 import psutil
 import pytest
 
-from m11_helpers.grading import checks, exercises, grader
+from m11_helpers.grading import checks, exercises, grader, plain, runenv
 from m11_helpers.grading.guard import defined_names, free_names, library_roots
 from m11_helpers.grading.runner import RUN_ENV
 from m11_helpers.procs import subreaper
@@ -113,6 +113,19 @@ def test_a_class_that_claims_a_library_module_is_compared_by_its_value_or_refuse
     with pytest.raises(AssertionError, match="expected it to hold"):
         checks.expect_true(type("T", (int,), {"__bool__": lambda s: True})(0), "it to hold", exercise="1.1")
     checks.expect_equal(_Anything(6), 6, "f(3)", exercise="1.1")  # the right value still passes
+
+
+def test_plain_values_come_from_the_base_types_own_code() -> None:
+    import collections
+    import enum
+
+    Point = collections.namedtuple("Point", "x y")
+    Level = enum.IntEnum("Level", "LOW HIGH")
+    got = plain.plain({"p": Point(1, 2), "lvl": Level.HIGH, "xs": [_Anything(3)]}, {}, "v")
+    assert got == {"p": (1, 2), "lvl": 2, "xs": [3]}
+    assert [type(v) for v in (got["p"], got["lvl"], got["xs"][0])] == [tuple, int, int]
+    with pytest.raises(plain.Foreign, match="v is an instance of Cheat, not a plain value"):
+        plain.plain(type("Cheat", (), {"__module__": "builtins"})(), 1, "v")
 
 
 def test_a_tensor_that_answers_allclose_itself_is_compared_by_its_values() -> None:
@@ -291,7 +304,8 @@ def test_reports_are_written_from_the_result_types(tmp_path: Path) -> None:
     assert (data["score"], data["max_score"]) == (2, 5)
     assert data["notebooks"][0]["exercises"][1]["why"].startswith("Exercise 0.2")
     assert "0.2" in (tmp_path / "report.md").read_text()
-    assert plugin.LOG_ENV == "M11_GRADE_LOG"  # the grader and its plugin agree on where records go
+    # the grader, its plugin and the sandbox agree on where records go, through a module that imports no pytest
+    assert plugin.LOG_ENV == runenv.LOG_ENV == "M11_GRADE_LOG" and plugin.CWD_ENV == runenv.CWD_ENV
 
 
 # ---------------------------------------------------------------- tampering (one graded run, case by case)

@@ -46,9 +46,12 @@ from m11_helpers.grading.runner import _CellMap, prepare, run_cells, score, why
 
 __all__ = ["NOTEBOOK_TIMEOUT", "WrongAnswer", "Verdict", "parse", "wrong_answers_path", "run_wrong_answers", "main"]
 
-# One lesson's run: its solution, then each wrong answer with its exercise's checks. The slowest lesson's run
-# took MEASURED on this 2-core machine under load; the limit leaves room for a slower one, and pytest's
-# per-test limit for these runs is derived from it (tests/test_wrong_answers.py).
+# One lesson's run: its solution, then each wrong answer with its exercise's checks. Measured on the project's
+# 2-core machine at load average 9-16 (`python -m m11_helpers.grading.wrong_answers solutions/NN_*.ipynb`),
+# the six heaviest lessons: 11_capstone 243 s (17 answers), 03 172 s (29), 10 153 s, 12 116 s, 04 97 s,
+# 09 63 s. The limit leaves 3.7x room over the slowest; pytest's per-test limit for these runs is derived
+# from it (the course's pytest config gives every other test 300 s, which the slowest run would exceed when
+# busier).
 NOTEBOOK_TIMEOUT = 900.0
 
 _HEADER = re.compile(r"^# %%\s+(?P<ex>[0-9]+\.[0-9]+[a-z]?)(?:\s+cell=(?P<cell>\d+))?\s*\|\s*(?P<mistake>[^|]+?)"
