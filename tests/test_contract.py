@@ -11,8 +11,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "m11_helpers"
 MAX_LINES = 300
-LONG_OK = {"launch.fork"}
-OUTSIDE = ("../" + "shared", "CPU-DISTRIBUTED" + "-FACTS", "LESSON-" + "CHECKLIST")  # split: this file is checked too  # the launcher's fork core: one state machine, see its docstring
+LONG_OK = {"launch.fork"}  # the launcher's fork core: one state machine, see its docstring
+OUTSIDE = ("../" + "shared", "CPU-DISTRIBUTED" + "-FACTS", "LESSON-" + "CHECKLIST")  # split: this file is checked too
+# a clone has no issue tracker: a comment says what was asked, in words, never an issue number
+TRACKER = re.compile(r"\b[Ii]ssues? ?#?\d+")
 
 
 def lesson_table() -> dict[str, tuple[list[str], list[str]]]:
@@ -149,9 +151,9 @@ def test_nothing_refers_outside_the_repository():
                 or not path.is_file() or path.suffix not in (".py", ".md", ".ipynb", ".toml", ".yml", ".yaml", ""):
             continue
         text = path.read_text(encoding="utf-8", errors="replace")
-        if any(marker in text for marker in OUTSIDE):
+        if any(marker in text for marker in OUTSIDE) or TRACKER.search(text):
             bad.append(str(path.relative_to(ROOT)))
-    assert not bad, f"these files refer to files outside the repository: {bad}"
+    assert not bad, f"these files refer to files or an issue tracker outside the repository: {bad}"
 
 
 # Files whose `isinstance(x, bool)` is not an argument check, and why (anything else goes through validate).

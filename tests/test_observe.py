@@ -137,3 +137,20 @@ def test_crash_during_save_tells_an_atomic_save_from_one_in_place(tmp_path):
         assert str(e).startswith("Exercise 10.2: not crash-safe: the save opened ckpt.pt itself for writing"), str(e)
     else:
         raise AssertionError("an in-place save passed")
+
+
+def test_record_renames_sees_os_replace_and_os_rename_inside_the_block_only(tmp_path):
+    import os
+
+    from m11_helpers.grading.observe import record_renames
+
+    (tmp_path / "a").write_text("x")
+    with record_renames() as moves:
+        os.replace(tmp_path / "a", tmp_path / "b")  # a PathLike
+        os.rename(str(tmp_path / "b"), str(tmp_path / "c"))  # a str
+        with record_renames() as inner:  # nested blocks each see what happens inside them
+            os.replace(tmp_path / "c", tmp_path / "d")
+    os.replace(tmp_path / "d", tmp_path / "e")  # after the block: not recorded
+    assert moves == [(str(tmp_path / "a"), str(tmp_path / "b")), (str(tmp_path / "b"), str(tmp_path / "c")),
+                     (str(tmp_path / "c"), str(tmp_path / "d"))]
+    assert inner == [(str(tmp_path / "c"), str(tmp_path / "d"))]

@@ -406,3 +406,22 @@ def scaled_step(model, optimizer, scheduler, scaler, micro_batches, max_norm: fl
         scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     return stepped
+
+# %% 7.6 | keeps 7.5's bf16 autocast under the fp16 scaler | expect: float16
+def scaled_step(model, optimizer, scheduler, scaler, micro_batches, max_norm: float) -> bool:
+    K = len(micro_batches)
+    for k, (x, y) in enumerate(micro_batches):
+        with (model.no_sync() if k < K - 1 else contextlib.nullcontext()):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = F.mse_loss(model(x), y)
+            scaler.scale(loss / K).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    before = scaler.get_scale()
+    scaler.step(optimizer)
+    scaler.update()
+    stepped = scaler.get_scale() >= before
+    if stepped:
+        scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return stepped

@@ -90,6 +90,16 @@ def my_atomic_save(obj, path) -> None:
 def my_atomic_save(obj, path) -> None:
     atomic_save(obj, path)
 
+# %% 10.2 | writes the temporary file in the system's temp folder, then renames it into place | expect: same folder
+def my_atomic_save(obj, path) -> None:
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(suffix=".pt")  # the system's temp folder: maybe another filesystem
+    with os.fdopen(fd, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
 # %% 10.3 | ignores the restart cost | expect: restart
 def break_even_preemptions(discount, checkpoint_seconds, restart_seconds):
     def ratio(rate):
