@@ -21,6 +21,10 @@ VENV        := .venv
 BIN         := $(VENV)/bin
 STAMP       := $(VENV)/.m11-installed
 PYTEST      := CUDA_VISIBLE_DEVICES= M11_STRICT=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest
+# pytest-xdist workers: each test file (the course notebooks with the browser tests as one) runs whole
+# on one worker (tests/conftest.py); 2 fits a 2-core laptop or CI runner. JOBS=1 runs everything in one process.
+JOBS        ?= 2
+XDIST       := $(if $(filter-out 1,$(JOBS)),-n $(JOBS))
 
 .PHONY: lab course test test-lesson lint exercises slides clean-notebooks doctor gpu-check
 
@@ -49,11 +53,11 @@ lint: $(STAMP)
 # the course notebooks run from copies, with the package from a wheel: tests/conftest.py collects them
 test: $(STAMP)
 	$(BIN)/ruff check .
-	$(PYTEST) --nbval-lax tests
+	$(PYTEST) $(XDIST) --durations=10 --nbval-lax tests
 
 test-lesson: $(STAMP)
 	@test -n "$(N)" || (echo "usage: make test-lesson N=05" && exit 2)
-	eval $(PYTEST) $$($(BIN)/python tests/support/lesson_tests.py $(N))
+	eval $(PYTEST) $(XDIST) $$($(BIN)/python tests/support/lesson_tests.py $(N))
 
 exercises: $(STAMP)
 	$(BIN)/m11 make-exercises

@@ -125,6 +125,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: item.get_closest_marker("after_course") is not None)
 
 
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook (`make test` runs `-n 2`): absent without it
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """Each test file runs whole on one worker, in file order (module fixtures are set up once); the
+    course notebooks and the browser tests are one unit, so a notebook's cells run in order in one
+    kernel and the deck tests (`after_course`) see this session's executed notebooks."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByFile(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::")[0]
+            return "course" if path.startswith("course/") or path == "tests/test_browser.py" else path
+
+    return ByFile(config, log)
+
+
 @pytest.fixture(scope="session")
 def wheel() -> Path:
     """The install folder of this session's wheel (`site`; the wheel itself is in site.parent / "dist")."""
@@ -143,16 +158,31 @@ def _notebook_subprocesses_use_the_wheel(request: pytest.FixtureRequest, monkeyp
     yield
 
 
+def _wheel_records() -> list[dict]:
+    return kernel_records(wheel_site()) if _state["used_wheel"] else []
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """A pytest-xdist worker hands its notebook kernels' records to the controller (workeroutput)."""
+    if hasattr(session.config, "workeroutput"):
+        session.config.workeroutput["m11_wheel"] = {"site": str(wheel_site()) if _state["used_wheel"] else "",
+                                                    "records": _wheel_records()}
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: absent without it
+def pytest_testnodedown(node, error) -> None:  # the controller, as each worker finishes (pytest-xdist)
+    _state.setdefault("worker_wheels", []).append(getattr(node, "workeroutput", {}).get("m11_wheel"))
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
-    if not _state["used_wheel"]:
-        return
-    site = wheel_site()
-    records = kernel_records(site)
+    workers = [w for w in _state.get("worker_wheels", []) if w and w["site"]]
+    records = _wheel_records() + [r for w in workers for r in w["records"]]
+    sites = ([str(wheel_site())] if _state["used_wheel"] else []) + [w["site"] for w in workers]
     if not records:
         return
     in_repo = sorted({r["cwd"] for r in records if r["cwd_in_repo"]})
     line = (f"m11 wheel: {len(records)} notebook kernels imported m11_helpers from the wheel "
-            f"({sum(r['from_wheel'] for r in records)} of them from {site})")
+            f"({sum(r['from_wheel'] for r in records)} of them from {' or '.join(sites)})")
     terminalreporter.write_line(line)
     if in_repo:
         terminalreporter.write_line(f"m11 wheel: kernels whose cwd was inside the repository: {', '.join(in_repo)}")

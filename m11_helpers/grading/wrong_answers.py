@@ -160,10 +160,14 @@ def run_wrong_answers(solution: Path, answers: list[WrongAnswer] | None = None, 
     graded, plans = _build(nb, answers, sol, chk)
     notes: list[str] = []
     with tempfile.TemporaryDirectory(prefix="m11-wrong-") as tmp:
-        shutil.copy(solution, Path(tmp) / solution.name)
+        # a folder of its own inside the private one: the sandbox treats a submission's parent as the class
+        # folder (nothing in it is bound), which must not be /tmp, where the grader's packages may lie
+        folder = Path(tmp) / "submission"
+        folder.mkdir()
+        shutil.copy(solution, folder / solution.name)
         for extra in extra_paths:
-            (shutil.copytree if extra.is_dir() else shutil.copy)(extra, Path(tmp) / extra.name)
-        cells = run_cells(graded, Path(tmp), cell_timeout, time.monotonic() + notebook_timeout, notes)
+            (shutil.copytree if extra.is_dir() else shutil.copy)(extra, folder / extra.name)
+        cells = run_cells(graded, folder, cell_timeout, time.monotonic() + notebook_timeout, notes)
     checks = {i for ids in chk.values() for i in ids}
     failures = [f"note: {n.splitlines()[0][:300]}" for n in notes]
     for i, cell in enumerate(nb.cells):

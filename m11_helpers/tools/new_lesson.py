@@ -112,7 +112,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("topic", help="lower-case identifier, e.g. expert_routing")
     ap.add_argument("title", nargs="?", help="the lesson's title (default: from the topic)")
     ap.add_argument("--no-run", action="store_true", help="do not execute the new notebook to store its outputs")
-    args = ap.parse_args(argv)
+    try:
+        args = ap.parse_args(argv)
+    except SystemExit as e:  # argparse has printed the usage and why: a status, as the other commands return
+        return int(e.code or 0)
     try:
         root = repo_root()
         title = args.title or args.topic.replace("_", " ").capitalize()
