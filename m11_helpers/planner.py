@@ -28,7 +28,6 @@ from m11_helpers.pipeline_comm import p2p_bytes
 from m11_helpers.validate import one_of, positive_int
 
 GB = 1e9
-GiB = 2**30
 HEADROOM = 0.8  # plan to fill 80 % of a GPU's memory: the rest goes to buffers, workspace, fragmentation (an assumption)
 # ZeRO §3.1's 16 B/param (bf16 weights + grads, fp32 master + Adam), an assumption for Megatron-LM's 2021 runs;
 # Megatron-LM's bf16 default keeps fp32 gradients (18 B, model_states "megatron-fp32-grads"): pass layout= to compare.
