@@ -12,6 +12,10 @@
 3. The supervisor alone: `python -c pass` through `tethered_popen` against a plain `Popen`.
 4. How long a tethered tree outlives a SIGKILLed caller: from the caller's death to the moment
    none of its processes is left (the supervisor polls its parent every 20 ms).
+5. What `gc.freeze()` saves each forked rank: `launch(fn)` from this interpreter (torch loaded, plus
+   a notebook's worth of live objects) against the same launch with the ranks' `gc.freeze()` made a
+   no-op, wall time and the ranks' CPU seconds. Without it each rank's one collection visits, and so
+   copies, every page it shares with the caller (docs/cpu-distributed-facts.md, section 4).
 
 Rounds are interleaved, so every variant sees the same machine load; each figure is the median
 (`m11_helpers.timing`) of `--repeats` rounds.
@@ -20,7 +24,9 @@ Rounds are interleaved, so every variant sees the same machine load; each figure
 from __future__ import annotations
 
 import argparse
+import gc
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -32,6 +38,7 @@ import psutil
 import torch
 import torch.distributed as dist
 
+import m11_helpers.launch.fork as fork
 from m11_helpers.launch import launch, launch_script
 from m11_helpers.tether import tethered_popen
 from m11_helpers.timing import Timing, format_seconds, time_it
@@ -111,6 +118,25 @@ def _alive(p: psutil.Process) -> bool:
         return False
 
 
+class _NoFreeze:
+    """`gc` as the ranks see it, with `freeze` doing nothing: the launch as it was before."""
+
+    def __getattr__(self, name):
+        return (lambda: None) if name == "freeze" else getattr(gc, name)
+
+
+def freeze_or_not(frozen: bool) -> tuple[float, float]:
+    """One launch's wall seconds and its ranks' CPU seconds, with or without the ranks' gc.freeze()."""
+    fork.gc = gc if frozen else _NoFreeze()
+    try:
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        wall = once(run_launch)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    finally:
+        fork.gc = gc
+    return wall, (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
@@ -129,6 +155,14 @@ def main() -> None:
             samples["tethered"].append(once(lambda: tethered_popen([sys.executable, "-c", "pass"]).wait()))
             samples["popen"].append(once(lambda: subprocess.Popen([sys.executable, "-c", "pass"]).wait()))
             samples["orphan"].append(orphan_lifetime())
+        heap = [{"cell": i, "value": [i]} for i in range(300_000)]  # a notebook's objects, shared by every fork
+        cpu: dict[bool, list[float]] = {True: [], False: []}
+        for _ in range(args.repeats):
+            for frozen, key in ((True, "frozen"), (False, "unfrozen")):
+                wall, used = freeze_or_not(frozen)
+                samples.setdefault(key, []).append(wall)
+                cpu[frozen].append(used)
+        del heap
     t = {k: Timing(tuple(v)) for k, v in samples.items()}
     print(f"median of {args.repeats} rounds:")
     print(f"  m11 launch ({WORLD} ranks)   {t['launch']}")
@@ -141,6 +175,11 @@ def main() -> None:
     print(f"  python -c pass, tethered {t['tethered']}; plain Popen {t['popen']}; "
           f"the supervisor adds {format_seconds(t['tethered'].median - t['popen'].median)}")
     print(f"  a SIGKILLed caller's tethered tree is gone {t['orphan']} after its death")
+    frozen_cpu, unfrozen_cpu = (sorted(cpu[k])[len(cpu[k]) // 2] for k in (True, False))
+    print(f"  launch, ranks gc.freeze() first   {t['frozen']}, ranks' CPU {frozen_cpu:.2f} s")
+    print(f"  launch, ranks collect the heap    {t['unfrozen']}, ranks' CPU {unfrozen_cpu:.2f} s")
+    print(f"  ratio unfrozen / frozen = {t['unfrozen'].median / t['frozen'].median:.2f} (wall), "
+          f"{unfrozen_cpu / max(frozen_cpu, 1e-3):.1f} (CPU)")
 
 
 if __name__ == "__main__":

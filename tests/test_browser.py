@@ -22,6 +22,7 @@ whole lesson takes over a minute on 2 cores); M11_BROWSER_FULL=1 opens and runs 
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import shutil
@@ -234,10 +235,16 @@ def test_zero_memory_lab_runs_in_jupyterlab_and_slider_redraws(tmp_path: Path) -
         wait_for(lambda: page.evaluate(f"!!document.querySelector('{run_all}')"), 10, "the Run menu to open")
         page.click(run_all)
 
+        polls = itertools.count()
+
         def settled():
-            # scroll to the end as a reader would: JupyterLab 4 renders only the cells in view (windowing)
+            # Scroll to the end as a reader would: JupyterLab 4 renders only the cells in view (windowing).
+            # A cold layout can leave the end blank (the plot's cell sized but not drawn, as the artefact
+            # 02-no-plot.png once showed): every second, look one or two screens higher, as a reader would.
+            screens = 1 + next(polls) // 5 % 3
             page.evaluate("document.querySelectorAll('.jp-NotebookPanel .jp-WindowedPanel-outer, .jp-NotebookPanel "
-                          ".jp-Notebook').forEach(e => { e.scrollTop = e.scrollHeight; })")
+                          f".jp-Notebook').forEach(e => {{ e.scrollTop = Math.max(0, e.scrollHeight - {screens} * "
+                          "e.clientHeight); })")
             state = page.evaluate(LAB_STATE)
             return state if state and state["img"].startswith("data:image/png") and state["summary"] else None
 

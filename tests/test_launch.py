@@ -176,6 +176,7 @@ def test_two_launches_at_once_do_not_clash():
         (dict(num_processes=2.5), "num_processes must be an integer >= 1"),
         (dict(num_processes=1000), "num_processes=1000 is more than this machine can run"),
         (dict(timeout=0), "timeout must be a finite number > 0"),
+        (dict(stall_timeout=float("nan")), "stall_timeout must be a finite number > 0"),
         (dict(device="tpu"), "device must be one of"),
         (dict(mixed_precision="fp8"), "mixed_precision must be one of"),
     ],

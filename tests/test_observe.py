@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+
+import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -106,19 +109,36 @@ def _exchange(message, blocking_first: bool):
     return float(buf[1] - buf[0]), float(buf[0])
 
 
+def _spin(message, seconds: float):
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:  # computing, never waiting: uses CPU all along
+        pass
+    return float(message[0])
+
+
 def test_expect_no_deadlock_names_a_blocking_send_and_passes_a_posted_one():
-    from m11_helpers.grading.faults import DEADLOCK, expect_no_deadlock
+    from m11_helpers.grading.faults import DEADLOCK, STALL_S, expect_no_deadlock
 
     got = expect_no_deadlock(_exchange, False, exercise="9.9", timeout=60)
     assert got == [(1.0, 1e6), (1.0, 0.0)]  # each rank received its peer's 8 MiB message
-    try:
-        expect_no_deadlock(_exchange, True, exercise="9.9", timeout=6)
-    except AssertionError as e:
-        first = str(e).splitlines()[0]
-        assert first.startswith(f"Exercise 9.9: {DEADLOCK}: still waiting after 6 s with a 8 MiB message"), first
-        assert "rank 0 in send" in first and "rank 1 in send" in first
-    else:
-        raise AssertionError("the deadlock was not reported")
+    start = time.monotonic()
+    with pytest.raises(AssertionError) as caught:
+        expect_no_deadlock(_exchange, True, exercise="9.9", timeout=120)
+    first = str(caught.value).splitlines()[0]
+    assert first.startswith(f"Exercise 9.9: {DEADLOCK}: every rank sat idle, waiting, for {STALL_S:g} s "
+                            "with a 8 MiB message"), first
+    assert "rank 0 in send" in first and "rank 1 in send" in first
+    # told by the ranks' idle CPU, not by the clock: well before the timeout under test
+    assert time.monotonic() - start < 120 / 4
+
+
+def test_ranks_that_compute_are_not_a_deadlock_and_a_busy_hang_meets_the_timeout():
+    from m11_helpers.grading.faults import STALL_S, expect_no_deadlock
+
+    # computing for longer than the stall limit is progress, not a deadlock
+    assert expect_no_deadlock(_spin, STALL_S + 2, exercise="9.9", nbytes=64, timeout=60) == [0.0, 1e6]
+    with pytest.raises(AssertionError, match=r"the ranks hung \(a deadlock or a loop\): still waiting after 3 s"):
+        expect_no_deadlock(_spin, 600, exercise="9.9", nbytes=64, timeout=3)
 
 
 def test_crash_during_save_tells_an_atomic_save_from_one_in_place(tmp_path):

@@ -3,9 +3,10 @@
 Two helpers for check cells (each raises `AssertionError` worded like `checks`: "Exercise 2.5: ..."):
 
     out = expect_no_deadlock(my_exchange, exercise="2.5", nbytes=8 << 20, timeout=15)
-    # runs my_exchange(message) on 2 real ranks with an 8 MiB float32 message per rank; ranks still
-    # stuck in send/recv after `timeout` s fail the check as "deadlock: a blocking send before the
-    # matching receive"; otherwise each rank's return value, for the check to compare
+    # runs my_exchange(message) on 2 real ranks with an 8 MiB float32 message per rank; ranks stuck
+    # in send/recv (every rank idle for 4 s, or still running after `timeout` s) fail the check
+    # as "deadlock: a blocking send before the matching receive"; otherwise each rank's return value,
+    # for the check to compare
 
     report = expect_atomic_save(my_atomic_save, tmp / "ckpt.pt", exercise="10.2")
     # runs my_atomic_save(obj, path) in forked children and SIGKILLs each at a random moment of the
@@ -40,6 +41,9 @@ from m11_helpers.procs import die_with_parent
 __all__ = ["DEADLOCK", "expect_no_deadlock", "SaveCrash", "crash_during_save", "expect_atomic_save"]
 
 DEADLOCK = "deadlock: a blocking send before the matching receive"
+# Seconds in which no rank still running computes: a deadlock then (each waits on another, none will move).
+# Far above a scheduler's slice on a loaded machine, far below `timeout`, which still bounds a busy loop.
+STALL_S = 4.0
 _P2P = {"send", "recv", "isend", "irecv", "wait", "batch_isend_irecv", "sendrecv"}
 
 
@@ -56,16 +60,19 @@ def _with_message(fn: Callable, nbytes: int, args: tuple, kwargs: dict):
 
 
 def expect_no_deadlock(fn: Callable, *args: Any, exercise: str, nbytes: int = 8 << 20, num_processes: int = 2,
-                       timeout: float = 15.0, hint: str = "", **kwargs: Any) -> list[Any]:
-    """Run `fn(message, *args)` on real ranks; fail as a deadlock when they are still stuck after `timeout` s."""
+                       timeout: float = 15.0, hint: str = "", stall_timeout: float = STALL_S, **kwargs: Any) -> list[Any]:
+    """Run `fn(message, *args)` on real ranks; fail as a deadlock when they are still stuck after `timeout` s,
+    or sooner, when every rank still running sat idle for `stall_timeout` s (each waits on another)."""
     try:
         return launch(_with_message, fn, nbytes, args, kwargs, num_processes=num_processes, timeout=timeout,
-                      show_output=False)
+                      stall_timeout=stall_timeout, show_output=False)
     except LaunchTimeout as e:
         where = dict(re.findall(r"rank (\d+) was at .* in (\w+)", str(e)))
         stuck = ", ".join(f"rank {r} in {f}" for r, f in sorted(where.items())) or "no stack"
         what = DEADLOCK if not where or set(where.values()) <= _P2P else "the ranks hung (a deadlock or a loop)"
-        _fail(exercise, f"{what}: still waiting after {timeout:g} s with a {nbytes / 2**20:g} MiB message "
+        waited = (f"every rank sat idle, waiting, for {stall_timeout:g} s" if "sat idle" in str(e)
+                  else f"still waiting after {timeout:g} s")
+        _fail(exercise, f"{what}: {waited} with a {nbytes / 2**20:g} MiB message "
               f"({stuck})", hint=hint or "post the receive first, or use dist.isend and wait after the "
                                            "receive, or pair the ranks: even ranks send first, odd ranks receive first",
               show_values=False)

@@ -23,7 +23,11 @@ from typing import Any
 from m11_helpers.launch.base import LaunchError, LaunchPlan, LaunchTimeout, _exit_reason
 from m11_helpers.procs import kill_groups
 
-DRAIN_S = 1.0  # after the ranks' groups are killed, EOF is immediate; this bounds a pipe held elsewhere
+DRAIN_S = 1.0
+# Share of one core a rank may use and still count as waiting: a gloo rank blocked in a send uses ~0.005
+# (its library threads wake now and then); a rank that computes gets 0.12 even with 16 runnable
+# processes on 2 cores.
+IDLE_SHARE = 0.03  # after the ranks' groups are killed, EOF is immediate; this bounds a pipe held elsewhere
 
 
 def _is_consequence(message: str) -> bool:
@@ -31,8 +35,22 @@ def _is_consequence(message: str) -> bool:
     return any(s in message for s in ("Connection reset by peer", "Connection closed by peer", "Broken pipe"))
 
 
-def collect(p: LaunchPlan, pids: list[int], pipes, timeout: float, show_output: bool) -> list[Any]:
-    """Read results and output until every rank reported, one failed, or the timeout passed."""
+def _cpu_seconds(pids: list[int]) -> float:
+    """CPU time the living `pids` have used so far (user + system, every thread)."""
+    import psutil
+
+    total = 0.0
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            t = psutil.Process(pid).cpu_times()
+            total += t.user + t.system
+    return total
+
+
+def collect(p: LaunchPlan, pids: list[int], pipes, timeout: float, show_output: bool,
+            stall_timeout: float | None = None) -> list[Any]:
+    """Read results and output until every rank reported, one failed, the timeout passed, or (with
+    `stall_timeout`) the ranks still running sat idle for that long: all of them wait on each other."""
     n = p.num_processes
     res_fds = {pipes[r][0][0]: r for r in range(n)}
     out_fds = {pipes[r][1][0]: r for r in range(n)}
@@ -43,6 +61,8 @@ def collect(p: LaunchPlan, pids: list[int], pipes, timeout: float, show_output: 
     start = time.monotonic()
     deadline = start + timeout
     open_fds = set(res_fds) | set(out_fds)
+    stalled = False
+    samples: list[tuple[tuple[int, ...], float, float]] = []  # (ranks still running, when, their CPU seconds)
 
     def reported(r: int) -> bool:
         return r in results or r in failures
@@ -81,6 +101,20 @@ def collect(p: LaunchPlan, pids: list[int], pipes, timeout: float, show_output: 
             # The first failure usually takes its peers down within ~0.1 s: give them a moment to
             # report why, so the error shows the whole picture, then stop everyone.
             deadline = time.monotonic() + 1.0
+        if stall_timeout is not None and not failures:
+            # A deadlock costs (almost) no CPU: every rank sleeps in a send or receive nobody will match.
+            # Anything that computes, even starved on a loaded machine, gets far more than IDLE_SHARE.
+            pending = tuple(r for r in range(n) if not reported(r))
+            now, cpu = time.monotonic(), _cpu_seconds([pids[r] for r in pending])
+            if not samples or samples[0][0] != pending:
+                samples = [(pending, now, cpu)]
+            samples.append((pending, now, cpu))
+            while len(samples) > 2 and samples[1][1] <= now - stall_timeout:
+                samples.pop(0)  # keep one sample at least `stall_timeout` old
+            _, then, cpu_then = samples[0]
+            if now - then >= stall_timeout and cpu - cpu_then < IDLE_SHARE * len(pending) * (now - then):
+                stalled = True
+                break
 
     if len(results) == n:
         for (_, _), (_, _), (_, rel_w) in pipes:
@@ -112,6 +146,12 @@ def collect(p: LaunchPlan, pids: list[int], pipes, timeout: float, show_output: 
         raise LaunchError(f"{who} {', '.join(map(str, causes))} of {n} failed: {why}\n{body}{tail}", failures, text)
     pending = [r for r in range(n) if not reported(r)]
     stacks = _stacks_of(pending, pids, pipes, out_fds, output)
+    if stalled:
+        raise LaunchTimeout(
+            f"ranks {', '.join(map(str, pending))} of {n} sat idle (under {IDLE_SHARE:.0%} of a core each) for "
+            f"stall_timeout={stall_timeout:g} s, each waiting on another (a deadlock); all ranks were stopped.{stacks}",
+            {r: "stalled" for r in pending}, text,
+        )
     raise LaunchTimeout(
         f"ranks {', '.join(map(str, pending))} of {n} did not finish within timeout={timeout:g} s "
         "(a collective some rank never joined, or a hang); all ranks were stopped. "
