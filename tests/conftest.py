@@ -125,17 +125,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: item.get_closest_marker("after_course") is not None)
 
 
-@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook (`make test` runs `-n 2`): absent without it
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook (`make test` runs `-n 3`): absent without it
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     """Each test file runs whole on one worker, in file order (module fixtures are set up once); the
     course notebooks and the browser tests are one unit, so a notebook's cells run in order in one
-    kernel and the deck tests (`after_course`) see this session's executed notebooks."""
+    kernel and the deck tests (`after_course`) see this session's executed notebooks. The wrong-answer
+    runs are one unit per lesson (its run and its sample check share one graded run): as one file they
+    were a third of the suite on one worker, the longest path of a 3-worker run."""
     from xdist.scheduler import LoadScopeScheduling
 
     class ByFile(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::")[0]
-            return "course" if path.startswith("course/") or path == "tests/test_browser.py" else path
+            if path.startswith("course/") or path == "tests/test_browser.py":
+                return "course"
+            if path == "tests/test_wrong_answers.py" and nodeid.endswith("]"):
+                return f"{path}::{nodeid.rsplit('[', 1)[1].split('-')[0]}"  # [02_collectives], [00_welcome-0]
+            return path
 
     return ByFile(config, log)
 

@@ -80,7 +80,7 @@ def test_a_lesson_without_a_wrong_answers_file_fails(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(NOTEBOOK_TIMEOUT + MARGIN_S)
-@pytest.mark.parametrize("solution", [DEMO, *SOLUTIONS], ids=["grader-fixture", *(p.stem for p in SOLUTIONS)])
+@pytest.mark.parametrize("solution", [DEMO, *SOLUTIONS], ids=[DEMO.stem, *(p.stem for p in SOLUTIONS)])
 def test_wrong_answers_score_zero_with_their_hint(solution):
     failures, verdicts = _run(solution)
     assert not failures, f"the solution itself does not score full marks: {failures}"
