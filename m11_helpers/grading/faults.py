@@ -70,7 +70,7 @@ def expect_no_deadlock(fn: Callable, *args: Any, exercise: str, nbytes: int = 8 
         where = dict(re.findall(r"rank (\d+) was at .* in (\w+)", str(e)))
         stuck = ", ".join(f"rank {r} in {f}" for r, f in sorted(where.items())) or "no stack"
         what = DEADLOCK if not where or set(where.values()) <= _P2P else "the ranks hung (a deadlock or a loop)"
-        waited = (f"every rank sat idle, waiting, for {stall_timeout:g} s" if "sat idle" in str(e)
+        waited = (f"every rank sat idle, waiting, for {stall_timeout:g} s" if set(e.failures.values()) == {"stalled"}
                   else f"still waiting after {timeout:g} s")
         _fail(exercise, f"{what}: {waited} with a {nbytes / 2**20:g} MiB message "
               f"({stuck})", hint=hint or "post the receive first, or use dist.isend and wait after the "

@@ -23,11 +23,11 @@ from typing import Any
 from m11_helpers.launch.base import LaunchError, LaunchPlan, LaunchTimeout, _exit_reason
 from m11_helpers.procs import kill_groups
 
-DRAIN_S = 1.0
+DRAIN_S = 1.0  # after the ranks' groups are killed, EOF is immediate; this bounds a pipe held elsewhere
 # Share of one core a rank may use and still count as waiting: a gloo rank blocked in a send uses ~0.005
 # (its library threads wake now and then); a rank that computes gets 0.12 even with 16 runnable
 # processes on 2 cores.
-IDLE_SHARE = 0.03  # after the ranks' groups are killed, EOF is immediate; this bounds a pipe held elsewhere
+IDLE_SHARE = 0.03
 
 
 def _is_consequence(message: str) -> bool:
@@ -62,7 +62,8 @@ def collect(p: LaunchPlan, pids: list[int], pipes, timeout: float, show_output: 
     deadline = start + timeout
     open_fds = set(res_fds) | set(out_fds)
     stalled = False
-    samples: list[tuple[tuple[int, ...], float, float]] = []  # (ranks still running, when, their CPU seconds)
+    watched: tuple[int, ...] = ()  # the ranks still running, whose CPU `samples` sums
+    samples: list[tuple[float, float]] = []  # (when, their CPU seconds), the oldest at least `stall_timeout` old
 
     def reported(r: int) -> bool:
         return r in results or r in failures
@@ -106,12 +107,12 @@ def collect(p: LaunchPlan, pids: list[int], pipes, timeout: float, show_output: 
             # Anything that computes, even starved on a loaded machine, gets far more than IDLE_SHARE.
             pending = tuple(r for r in range(n) if not reported(r))
             now, cpu = time.monotonic(), _cpu_seconds([pids[r] for r in pending])
-            if not samples or samples[0][0] != pending:
-                samples = [(pending, now, cpu)]
-            samples.append((pending, now, cpu))
-            while len(samples) > 2 and samples[1][1] <= now - stall_timeout:
-                samples.pop(0)  # keep one sample at least `stall_timeout` old
-            _, then, cpu_then = samples[0]
+            if pending != watched:  # a rank reported: its CPU leaves the sum, so start over
+                watched, samples = pending, []
+            samples.append((now, cpu))
+            while len(samples) > 1 and samples[1][0] <= now - stall_timeout:
+                samples.pop(0)
+            then, cpu_then = samples[0]
             if now - then >= stall_timeout and cpu - cpu_then < IDLE_SHARE * len(pending) * (now - then):
                 stalled = True
                 break
