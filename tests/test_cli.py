@@ -9,6 +9,7 @@ import pytest
 
 from m11_helpers import __version__
 from m11_helpers.tools.cli import COMMANDS, main
+from m11_helpers.tools.fast_start import skip_iri_grammar
 from m11_helpers.tools.setup_cell import install_spec, setup_cell_source
 
 
@@ -82,3 +83,30 @@ def test_tool_modules(tmp_path):
     nb.cells[0].outputs = [nbformat.v4.new_output("stream", text="FutureWarning: old API\n")]
     assert deprecations(nb) == ["cell 0: FutureWarning: old API"]
     assert script_main([]) == 0
+
+
+def test_a_command_does_not_build_the_iri_grammar_and_nbformat_still_validates(tmp_path):
+    """`m11` skips jsonschema's IRI grammar (fast_start.py: 1 s of every start); nbformat still rejects a bad cell."""
+    import nbformat
+
+    good, bad = tmp_path / "good.ipynb", tmp_path / "bad.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1 + 1")]), good)
+    bad.write_text('{"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [{"cell_type": "nope"}]}')
+    probe = """
+import sys
+from m11_helpers.tools.cli import main
+main(["nbclean", "--check", sys.argv[1]])  # a command that reads notebooks
+import nbformat
+try:
+    nbformat.validate(nbformat.read(sys.argv[2], as_version=4))
+    print("valid")
+except nbformat.ValidationError:
+    print("invalid")
+print("rfc3987_syntax.syntax_helpers" in sys.modules, sys.modules.get("rfc3987_syntax", 0))
+"""
+    ran = subprocess.run([sys.executable, "-c", probe, str(good), str(bad)], capture_output=True, text=True,
+                         timeout=120)
+    assert ran.stdout.split()[-3:] == ["invalid", "False", "None"], (ran.stdout, ran.stderr)
+    before = sys.modules.get("rfc3987_syntax", "absent")  # this process imported nbformat without skipping
+    skip_iri_grammar()
+    assert sys.modules.get("rfc3987_syntax", "absent") is before  # what was imported stays imported

@@ -381,6 +381,46 @@ def test_guard_code_imports_cleanly_and_is_what_the_kernel_gets() -> None:
         compile(text, "<m11-guard>", "exec")
 
 
+def test_the_module_scan_finds_notebook_code_wherever_its_shortcuts_pass_by(monkeypatch) -> None:
+    """The scan passes plain values, library functions and instances of classes it already judged without
+    `_origin` (guard_kernel.py, `_NO_CODE`, `_known`). Notebook code planted behind each shortcut is still
+    found; the plain values and library code beside it are not flagged."""
+    import functools
+    import json as library  # a library module: its functions' files lie in the interpreter's folders
+    import types
+
+    from m11_helpers.grading import guard_kernel as gk
+
+    notebook = {"ModuleType": types.ModuleType}  # code compiled as IPython compiles a cell
+    exec(compile("def planted(x):\n    return x\nclass Mine:\n    def go(self):\n        return 1\n"
+                 "class Mod(ModuleType):\n    def hi(self):\n        return 2\n",
+                 "/tmp/ipykernel_1/123.py", "exec"), notebook)
+    swapped = types.FunctionType(library.dumps.__code__, {})  # a library function ...
+    swapped.__code__ = notebook["planted"].__code__  # ... whose code the notebook swapped in place
+    mod = types.ModuleType("m11_scan_probe")
+    mod.__file__ = library.__file__  # it claims to be library code
+    lib_class = type("Lib", (), {"__module__": "m11_scan_probe", "ok": library.dumps, "n": 3,
+                                 "bad": staticmethod(notebook["planted"])})
+    other = types.ModuleType("m11_scan_probe_other")
+    other.__class__ = notebook["Mod"]  # a module whose class was reassigned: not a plain module any more
+    mod.__dict__.update(
+        plain_int=1, plain_str="s", plain_list=[notebook["planted"]], lib_fn=library.dumps, Lib=lib_class,
+        Mine=notebook["Mine"], a_mine=notebook["Mine"](), b_mine=notebook["Mine"](), swapped=swapped,
+        part=functools.partial(notebook["planted"], 1), prop_holder=property(notebook["planted"]),
+        other=other, bound=notebook["Mine"]().go)
+    monkeypatch.setitem(sys.modules, "m11_scan_probe", mod)
+    monkeypatch.setitem(sys.modules, "IPython", types.SimpleNamespace(
+        get_ipython=lambda: types.SimpleNamespace(user_ns={})))
+    monkeypatch.setattr(gk, "ROOTS", tuple(library_roots()))
+    monkeypatch.setattr(gk, "FOUND", [])
+    monkeypatch.setattr(gk, "_files", {})
+    monkeypatch.setattr(gk, "_types", {})
+    gk._scan_modules()
+    found = {f.split(" was replaced")[0] for f in gk.FOUND if f.startswith("m11_scan_probe.")}
+    assert found == {f"m11_scan_probe.{k}" for k in ("Mine", "a_mine", "b_mine", "swapped", "part", "prop_holder",
+                                                     "other", "bound", "Lib.bad")}, sorted(found)
+
+
 def test_names_a_cell_defines_and_reads() -> None:
     src = "import torch\nfrom m11_helpers.launch import launch as run\n\n\ndef on_ranks(fn):\n    return run(fn)\n"
     assert defined_names(src) == ["torch", "run", "on_ranks"]

@@ -48,8 +48,10 @@ for step in range(10**6):  # a training loop that checkpoints every step, foreve
 """
 
 CALLER = """
-import signal, sys
+import faulthandler, signal, sys
 from m11_helpers.launch import launch_script
+# where it is stuck, should it not end when told to (the test sends SIGUSR1, then reads the file)
+faulthandler.register(signal.SIGUSR1, file=open(sys.argv[2] + ".stack", "w"), all_threads=True)
 if sys.argv[4] == "restart":  # a kernel busy in C code: a SIGTERM does not end it, the SIGKILL after it does
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 launch_script(sys.argv[1], sys.argv[2], num_processes=2, num_machines=int(sys.argv[3]), device="cpu",
@@ -152,6 +154,22 @@ def _start_callers(tmp_path: Path, endings: list[str], machines: int) -> list[Ru
     return runs
 
 
+def _wait_or_explain(run: Run) -> int:
+    """The caller's exit code; if it outlives DEADLINE_S, fail with its threads' stacks and its stderr."""
+    try:
+        return run.proc.wait(DEADLINE_S)
+    except subprocess.TimeoutExpired:
+        run.proc.send_signal(signal.SIGUSR1)
+        time.sleep(1.0)
+        stack = Path(f"{run.folder}.stack")
+        tree = [(p.pid, p.name(), p.status()) for p in _marked(run.marker)]
+        run.proc.kill()
+        _, err = run.proc.communicate()
+        raise AssertionError(f"{run.name}: the caller still ran {DEADLINE_S} s after its signal; its processes "
+                             f"{tree}\nits threads:\n{stack.read_text() if stack.exists() else '?'}\n"
+                             f"its stderr:\n{err[-3000:]}") from None
+
+
 @pytest.mark.parametrize("machines", [1, 2], ids=["one node", "two nodes"])
 def test_nothing_outlives_a_launch_script_caller_however_it_ends(tmp_path, machines):
     endings = {"SIGKILL": signal.SIGKILL, "SIGTERM": signal.SIGTERM, "SIGINT": signal.SIGINT,
@@ -173,7 +191,7 @@ def test_nothing_outlives_a_launch_script_caller_however_it_ends(tmp_path, machi
                 assert run.proc.poll() is None  # it outlived the SIGTERM, as a busy kernel can
             run.proc.send_signal(endings[run.name])
         for run in runs:
-            code = run.proc.wait(DEADLINE_S)
+            code = _wait_or_explain(run)
             if run.name == "SIGINT":  # alive to handle it: launch_script stops the tree, then re-raises
                 assert "KeyboardInterrupt" in run.proc.stderr.read()
             else:  # the caller just died: no Python cleanup ran in it

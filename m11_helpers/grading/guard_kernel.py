@@ -100,9 +100,34 @@ def _flag(text):
         FOUND.append(text)
 
 
+# Static types whose instances hold no code and lead to none: `_origin` is '' for every one of them (their
+# class dicts are the interpreter's, and it never looks inside a container). A scan reads ~170,000 values
+# with torch loaded, most of them of these types or functions; passing those by one set lookup or one
+# cached file lookup, and instances of a class already judged this call by one more (`_known`), halves
+# the scan, which runs before and after every check cell. Exact types only: a subclass, or a module
+# whose class was reassigned, is a heap type and goes through `_origin`.
+_NO_CODE = frozenset({str, int, float, complex, bool, type(None), bytes, bytearray, tuple, list, dict, set,
+                      frozenset, types.ModuleType, types.BuiltinFunctionType, types.WrapperDescriptorType,
+                      types.MethodDescriptorType, types.GetSetDescriptorType, types.MemberDescriptorType,
+                      types.ClassMethodDescriptorType, types.MethodWrapperType, types.CodeType})
+_WRAPPERS = (types.FunctionType, types.MethodType, staticmethod, classmethod, property)  # `_origin` opens these
+
+
+def _known(t, depth):
+    """`_origin(x)` for an x of class `t` when that is already known this call (an instance, or at depth 1 a
+    class, neither of a kind `_origin` looks into); None otherwise. Without `_origin`'s calls: see _NO_CODE."""
+    if t in _WRAPPERS or t.__module__ == "functools":
+        return None
+    if issubclass(t, type):
+        return "" if depth else None
+    known = _types.get(id(t))
+    return None if known is None else known[1]
+
+
 def _scan_modules():
     """Library modules (and the classes they define) holding notebook code: a patch, not restorable."""
     user_ns = sys.modules["IPython"].get_ipython().user_ns
+    function, no_code = types.FunctionType, _NO_CODE
     for name, mod in list(sys.modules.items()):
         if type(mod) is not types.ModuleType or mod.__dict__ is user_ns:  # __main__ (and __mp_main__)
             continue
@@ -110,13 +135,21 @@ def _scan_modules():
         if d.get("__file__") and _foreign_file(d["__file__"]):
             continue  # a module the notebook wrote itself: its code is its own business
         for key, value in list(d.items()):
-            if issubclass(type(value), type) and vars(value).get("__module__") == name:
+            t = type(value)
+            if t in no_code or t is function and not _foreign_file(value.__code__.co_filename):
+                continue  # what `_origin` would say, without its calls: ''
+            if issubclass(t, type) and vars(value).get("__module__") == name:
                 for k, v in list(vars(value).items()):
-                    o = _origin(v, 1)
+                    tv = type(v)
+                    if tv in no_code or tv is function and not _foreign_file(v.__code__.co_filename):
+                        continue
+                    o = _known(tv, 1)
+                    o = _origin(v, 1) if o is None else o
                     if o:
                         _flag(f"{name}.{value.__qualname__}.{k} was replaced by code from {o}")
             elif key != "__builtins__":
-                o = _origin(value)
+                o = _known(t, 0)
+                o = _origin(value) if o is None else o
                 if o:
                     _flag(f"{name}.{key} was replaced by code from {o}")
                     if name == "threading" and key in ("_trace_hook", "_profile_hook"):

@@ -31,16 +31,14 @@ import pytest
 from m11_helpers.grading.guard import Guard, GuardReport
 from m11_helpers.grading.runenv import CWD_ENV, LOG_ENV, TIMEOUT_ENV
 from m11_helpers.procs import kill_descendants
+from m11_helpers.tools.fast_start import skip_iri_grammar
 
 __all__ = ["LOG_ENV", "CWD_ENV", "TIMEOUT_ENV", "GRACE_S", "KernelDied"]
 GRACE_S = 10.0  # nbval interrupts at the timeout and gives up 5 s later; we step in after that
 MAX_TEXT = 4000  # a megabyte of output must not become a megabyte of report
 
 if os.environ.get(LOG_ENV):
-    # `-p` plugins load before nbval. nbval -> nbformat -> jsonschema tries `rfc3987_syntax`, which
-    # builds a grammar at import (~2.5 s of CPU per graded notebook) only to validate IRIs, which
-    # notebooks never hold; a None entry makes that optional import fail fast.
-    sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[arg-type]
+    skip_iri_grammar()  # `-p` plugins load before nbval, which imports nbformat (fast_start.py)
 
 _state: dict[str, Any] = {"log": None, "running": None, "alive_at_start": {}, "guarded": {}}
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib
 import sys
 
+from m11_helpers.tools.fast_start import skip_iri_grammar
 from m11_helpers.tools.paths import NotInRepository
 
 # subcommand -> (module, function taking argv and returning an exit code, one-line help)
@@ -58,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"m11: unknown command {name!r}; choose one of: {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
     module, func, _ = COMMANDS[name]
+    skip_iri_grammar()  # 1 s of every command's start (fast_start.py)
     try:
         return int(getattr(importlib.import_module(module), func)(rest) or 0)
     except SystemExit as e:  # argparse's usage errors exit 2; keep that code, never a traceback
