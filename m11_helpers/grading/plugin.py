@@ -66,6 +66,10 @@ def _patch_nbval() -> None:
                              startup_timeout=startup_timeout)
             guard.kc = self.kc
             self.m11_guard = guard
+            # Scores read an error's name and value only: a plain traceback spares formatting each failing
+            # cell's source with context and colour (a tenth of the kernel's time in a run of wrong answers).
+            self.kc.execute_interactive("get_ipython().InteractiveTB.set_mode('Plain')", silent=True,
+                                        store_history=False, timeout=startup_timeout)
             guard.baseline()
 
         def await_reply(self, msg_id, timeout=None):
