@@ -4,7 +4,7 @@ Fixtures (tests/data/grading/): `solutions/00_demo.ipynb` (2 exercises: 0.1 for 
 3, hidden tests in both checks), the generated `exercises/00_demo.ipynb`, and submissions that get
 0.2 wrong (and "fix" its visible test), hang, ignore SIGINT while hanging, kill the kernel, leave a
 daemon behind, print megabytes, or keep `launch` ranks running (`ranks`: the termination tests).
-`tamper_source/01_tamper.ipynb` has 19 one-line exercises and `submissions/tamper/` cheats on 18 of
+`tamper_source/01_tamper.ipynb` has 20 one-line exercises and `submissions/tamper/` cheats on 19 of
 them, one trick each (graded once, checked case by case). Each grading run costs a pytest process
 and a kernel (~3 s quiet; the tamper run imports torch and launches ranks, ~10 s).
 """
@@ -330,6 +330,7 @@ TAMPER_CASES = {
     "1.16": (0, None),  # a torch function mode left on that answers allclose: off while checks compare
     "1.17": (0, "the name expect_equal was rebound in the notebook"),  # its `exec` no longer forges the guard
     "1.18": (0, "torch.allclose was replaced by code from the notebook"),
+    "1.20": (0, "the notebook's __builtins__ was replaced"),  # by a dict that claims to equal the real one
     "1.19": (0, "the grader's guard could not check this cell"),  # right answer, guard's exec swapped: fails closed
 }
 TAMPER_WHY = {"1.14": "Exercise 1.14: f14(3) is wrong.", "1.15": "Exercise 1.15: f15(ones) is wrong.",
@@ -393,7 +394,10 @@ def test_the_module_scan_finds_notebook_code_wherever_its_shortcuts_pass_by(monk
 
     notebook = {"ModuleType": types.ModuleType}  # code compiled as IPython compiles a cell
     exec(compile("def planted(x):\n    return x\nclass Mine:\n    def go(self):\n        return 1\n"
-                 "class Mod(ModuleType):\n    def hi(self):\n        return 2\n",
+                 "class Mod(ModuleType):\n    def hi(self):\n        return 2\n"
+                 "class Liar(type):  # says it is str: equal, same hash\n"
+                 "    __eq__ = lambda cls, other: True\n    __hash__ = lambda cls: hash(str)\n"
+                 "class Posing(metaclass=Liar):\n    def __call__(self, *a):\n        return True\n",
                  "/tmp/ipykernel_1/123.py", "exec"), notebook)
     swapped = types.FunctionType(library.dumps.__code__, {})  # a library function ...
     swapped.__code__ = notebook["planted"].__code__  # ... whose code the notebook swapped in place
@@ -407,7 +411,7 @@ def test_the_module_scan_finds_notebook_code_wherever_its_shortcuts_pass_by(monk
         plain_int=1, plain_str="s", plain_list=[notebook["planted"]], lib_fn=library.dumps, Lib=lib_class,
         Mine=notebook["Mine"], a_mine=notebook["Mine"](), b_mine=notebook["Mine"](), swapped=swapped,
         part=functools.partial(notebook["planted"], 1), prop_holder=property(notebook["planted"]),
-        other=other, bound=notebook["Mine"]().go)
+        other=other, bound=notebook["Mine"]().go, posing=notebook["Posing"]())
     monkeypatch.setitem(sys.modules, "m11_scan_probe", mod)
     monkeypatch.setitem(sys.modules, "IPython", types.SimpleNamespace(
         get_ipython=lambda: types.SimpleNamespace(user_ns={})))
@@ -418,7 +422,7 @@ def test_the_module_scan_finds_notebook_code_wherever_its_shortcuts_pass_by(monk
     gk._scan_modules()
     found = {f.split(" was replaced")[0] for f in gk.FOUND if f.startswith("m11_scan_probe.")}
     assert found == {f"m11_scan_probe.{k}" for k in ("Mine", "a_mine", "b_mine", "swapped", "part", "prop_holder",
-                                                     "other", "bound", "Lib.bad")}, sorted(found)
+                                                     "other", "bound", "posing", "Lib.bad")}, sorted(found)
 
 
 def test_names_a_cell_defines_and_reads() -> None:

@@ -45,6 +45,10 @@ ROOTS = tuple(A.get("roots", ()))
 FOUND: list = []
 _files: dict = {}
 _types: dict = {}
+# Types are compared by id, never with `in (...)`: that asks a class's metaclass whether it equals one of
+# them, and a notebook's metaclass can say yes (then the scan would misread it, or fail on it).
+_METHODS = frozenset(map(id, (types.MethodType, staticmethod, classmethod)))
+_CODE_HOLDERS = frozenset(map(id, (types.FunctionType, staticmethod, classmethod, property)))
 
 
 def _foreign_file(fn):
@@ -68,7 +72,7 @@ def _class_origin(t):
             _types[id(t)] = (t, "the notebook")
         else:
             for v in list(vars(t).values()):
-                if type(v) in (types.FunctionType, staticmethod, classmethod, property):
+                if id(type(v)) in _CODE_HOLDERS:
                     o = _origin(v, 1)
                     if o:
                         _types[id(t)] = (t, o)
@@ -84,7 +88,7 @@ def _origin(obj, depth=0):
         return _where(fn) if _foreign_file(fn) else ""
     if depth > 2:
         return ""
-    if t in (types.MethodType, staticmethod, classmethod):
+    if id(t) in _METHODS:
         return _origin(obj.__func__, depth + 1)
     if t is property:
         return next((o for o in (_origin(f, depth + 1) for f in (obj.fget, obj.fset, obj.fdel) if f) if o), "")
@@ -104,19 +108,19 @@ def _flag(text):
 # class dicts are the interpreter's, and it never looks inside a container). A scan reads ~170,000 values
 # with torch loaded, most of them of these types or functions; passing those by one set lookup or one
 # cached file lookup, and instances of a class already judged this call by one more (`_known`), halves
-# the scan, which runs before and after every check cell. Exact types only: a subclass, or a module
-# whose class was reassigned, is a heap type and goes through `_origin`.
-_NO_CODE = frozenset({str, int, float, complex, bool, type(None), bytes, bytearray, tuple, list, dict, set,
-                      frozenset, types.ModuleType, types.BuiltinFunctionType, types.WrapperDescriptorType,
-                      types.MethodDescriptorType, types.GetSetDescriptorType, types.MemberDescriptorType,
-                      types.ClassMethodDescriptorType, types.MethodWrapperType, types.CodeType})
-_WRAPPERS = (types.FunctionType, types.MethodType, staticmethod, classmethod, property)  # `_origin` opens these
+# the scan, which runs before and after every check cell. Exact types only, and by id (see _METHODS).
+_NO_CODE = frozenset(map(id, (str, int, float, complex, bool, type(None), bytes, bytearray, tuple, list, dict,
+                              set, frozenset, types.ModuleType, types.BuiltinFunctionType,
+                              types.WrapperDescriptorType, types.MethodDescriptorType, types.GetSetDescriptorType,
+                              types.MemberDescriptorType, types.ClassMethodDescriptorType, types.MethodWrapperType,
+                              types.CodeType)))
+_WRAPPERS = frozenset(map(id, (types.FunctionType, types.MethodType, staticmethod, classmethod, property)))
 
 
 def _known(t, depth):
     """`_origin(x)` for an x of class `t` when that is already known this call (an instance, or at depth 1 a
     class, neither of a kind `_origin` looks into); None otherwise. Without `_origin`'s calls: see _NO_CODE."""
-    if t in _WRAPPERS or t.__module__ == "functools":
+    if id(t) in _WRAPPERS or t.__module__ == "functools":  # kinds `_origin` opens
         return None
     if issubclass(t, type):
         return "" if depth else None
@@ -136,12 +140,12 @@ def _scan_modules():
             continue  # a module the notebook wrote itself: its code is its own business
         for key, value in list(d.items()):
             t = type(value)
-            if t in no_code or t is function and not _foreign_file(value.__code__.co_filename):
+            if id(t) in no_code or t is function and not _foreign_file(value.__code__.co_filename):
                 continue  # what `_origin` would say, without its calls: ''
             if issubclass(t, type) and vars(value).get("__module__") == name:
                 for k, v in list(vars(value).items()):
                     tv = type(v)
-                    if tv in no_code or tv is function and not _foreign_file(v.__code__.co_filename):
+                    if id(tv) in no_code or tv is function and not _foreign_file(v.__code__.co_filename):
                         continue
                     o = _known(tv, 1)
                     o = _origin(v, 1) if o is None else o
@@ -192,7 +196,8 @@ def _restore_kernel(state, shell):
             _flag(f"builtins.{k} was replaced")
             setattr(builtins, k, v)
     ns = shell.user_ns
-    if ns.get("__builtins__", builtins) not in (builtins, vars(builtins)):
+    own = ns.get("__builtins__", builtins)
+    if own is not builtins and own is not vars(builtins):  # by identity: an impostor can claim to be equal
         _flag("the notebook's __builtins__ was replaced")
         ns["__builtins__"] = builtins
     now = _objects(shell)

@@ -227,6 +227,13 @@ class JupyterLab:
         settings.mkdir(parents=True)
         (settings / "notification.jupyterlab-settings").write_text(
             json.dumps({"fetchNews": "false", "checkForUpdates": False}))
+        # Every cell rendered, not only those in view: with JupyterLab's windowing the lab test twice found the
+        # notebook idle, every cell run, and its widget's plot never drawn in 30 s of scrolling to it
+        # (build/test-artifacts/browser/lab/02-no-plot.png: the view back at the top). What is tested is the
+        # lab, not JupyterLab's virtual scrolling.
+        tracker = self.home / "settings" / "@jupyterlab" / "notebook-extension"
+        tracker.mkdir(parents=True)
+        (tracker / "tracker.jupyterlab-settings").write_text(json.dumps({"windowingMode": "none"}))
         env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(self.home / "runtime"),
                    JUPYTER_CONFIG_DIR=str(self.home / "config"), JUPYTER_DATA_DIR=str(self.home / "data"))
         args = [self.python, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1", f"--port={self.port}",
