@@ -385,7 +385,8 @@ def test_guard_code_imports_cleanly_and_is_what_the_kernel_gets() -> None:
 def test_the_module_scan_finds_notebook_code_wherever_its_shortcuts_pass_by(monkeypatch) -> None:
     """The scan passes plain values, library functions and instances of classes it already judged without
     `_origin` (guard_kernel.py, `_NO_CODE`, `_known`). Notebook code planted behind each shortcut is still
-    found; the plain values and library code beside it are not flagged."""
+    found, also when a metaclass claims its class is `str` and when the `types` module's names were
+    rebound; the plain values and library code beside it are not flagged."""
     import functools
     import json as library  # a library module: its functions' files lie in the interpreter's folders
     import types
@@ -419,6 +420,8 @@ def test_the_module_scan_finds_notebook_code_wherever_its_shortcuts_pass_by(monk
     monkeypatch.setattr(gk, "FOUND", [])
     monkeypatch.setattr(gk, "_files", {})
     monkeypatch.setattr(gk, "_types", {})
+    monkeypatch.setattr(types, "FunctionType", int)  # the notebook rebinds the `types` module's names: the guard
+    monkeypatch.setattr(types, "ModuleType", int)  # takes its types from objects of its own (guard_kernel.py)
     gk._scan_modules()
     found = {f.split(" was replaced")[0] for f in gk.FOUND if f.startswith("m11_scan_probe.")}
     assert found == {f"m11_scan_probe.{k}" for k in ("Mine", "a_mine", "b_mine", "swapped", "part", "prop_holder",

@@ -27,11 +27,37 @@ second's functions as its own), or the guard refuses to run: the check fails clo
 import builtins
 import os
 import sys
-import types
 
 if builtins is not exec.__self__ or type(sys.getrecursionlimit) is not type(exec) \
         or sys.getrecursionlimit.__self__ is not sys:
     raise RuntimeError("sys.modules['builtins'] or sys.modules['sys'] was replaced: the guard will not run on them")
+
+
+def _a_function():
+    pass
+
+
+class _Probe:
+    def method(self):
+        pass
+
+
+class types:  # noqa: N801 - stands where `import types` would: the guard's parts read `types.X`
+    """The interpreter's own types, taken from objects made here: a notebook can rebind the names of the
+    `types` module (`types.FunctionType = int` would blind the scan to every function)."""
+
+    FunctionType = type(_a_function)
+    CodeType = type(_a_function.__code__)
+    MethodType = type(_Probe().method)
+    ModuleType = type(sys)
+    SimpleNamespace = type(sys.implementation)
+    BuiltinFunctionType = type(len)
+    WrapperDescriptorType = type(object.__init__)
+    MethodDescriptorType = type(str.join)
+    GetSetDescriptorType = type(type(_a_function).__dict__["__code__"])
+    MemberDescriptorType = type(type(_a_function).__dict__["__globals__"])
+    ClassMethodDescriptorType = type(dict.__dict__["fromkeys"])
+    MethodWrapperType = type(object().__str__)
 
 KEY = "_m11_grade_guard"
 CHECK_NAMES = ("expect_close", "expect_equal", "expect_true", "passed", "checking")

@@ -8,7 +8,6 @@ import builtins
 import json
 import os
 import sys
-import types
 
 if "_flag" not in globals():  # a plain import, not the guard's run inside a kernel
     from m11_helpers.grading.guard_kernel import (  # noqa: F401
@@ -23,6 +22,7 @@ if "_flag" not in globals():  # a plain import, not the guard's run inside a ker
         _restore_kernel,
         _scan_modules,
         _snapshot,
+        types,  # the interpreter's own types (guard_kernel.py), never the `types` module's names
     )
 
 
