@@ -39,7 +39,7 @@ def as_it_was(guard: Guard) -> Guard:
     kernel, ledger = guard.parts
     start = kernel.index("_NO_CODE = frozenset(")
     kernel = kernel[:start] + "_NO_CODE = frozenset()\n" + kernel[kernel.index("_WRAPPERS = "):]
-    kernel = kernel.replace('    if t in _WRAPPERS or t.__module__ == "functools":',
+    kernel = kernel.replace('    if id(t) in _WRAPPERS or t.__module__ == "functools":',
                             '    if True:  # as it was: never known', 1)
     kernel = kernel.replace("function, no_code = types.FunctionType, _NO_CODE", "function, no_code = None, _NO_CODE", 1)
     ledger = ledger.replace('_verify(name, source, state.setdefault("compiled", {}))', "_verify(name, source, {})", 1)

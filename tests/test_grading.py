@@ -428,6 +428,23 @@ def test_the_module_scan_finds_notebook_code_wherever_its_shortcuts_pass_by(monk
                                                      "other", "bound", "posing", "Lib.bad")}, sorted(found)
 
 
+def test_the_guard_benchmark_can_still_take_the_shortcuts_out() -> None:
+    """benchmarks/guard_cost.py compares the guard with its scan shortcuts edited out of its text: the edits
+    must still find what they replace, or the benchmark would measure nothing (it asserts as much)."""
+    import importlib.util
+
+    from m11_helpers.grading.guard import Guard
+
+    spec = importlib.util.spec_from_file_location("guard_cost", DATA.parents[2] / "benchmarks" / "guard_cost.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    shipped = Guard(None)
+    old = bench.as_it_was(Guard(None))
+    assert old.parts != shipped.parts and "_NO_CODE = frozenset()" in old.parts[0]
+    for text in old.parts:
+        compile(text, "<as it was>", "exec")
+
+
 def test_names_a_cell_defines_and_reads() -> None:
     src = "import torch\nfrom m11_helpers.launch import launch as run\n\n\ndef on_ranks(fn):\n    return run(fn)\n"
     assert defined_names(src) == ["torch", "run", "on_ranks"]
