@@ -110,3 +110,14 @@ print("rfc3987_syntax.syntax_helpers" in sys.modules, sys.modules.get("rfc3987_s
     before = sys.modules.get("rfc3987_syntax", "absent")  # this process imported nbformat without skipping
     skip_iri_grammar()
     assert sys.modules.get("rfc3987_syntax", "absent") is before  # what was imported stays imported
+
+
+def test_nbclean_names_a_file_that_is_not_a_notebook_and_leaves_it(tmp_path, capsys):
+    bad, broken = tmp_path / "bad.ipynb", tmp_path / "broken.ipynb"
+    bad.write_text('{"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [{"cell_type": "nope"}]}')
+    broken.write_text('{"cells": [')
+    for args in (["--check"], []):
+        assert main(["nbclean", *args, str(tmp_path)]) == 2
+        err = capsys.readouterr().err
+        assert "not valid notebooks" in err and f"{bad}:" in err and f"{broken}:" in err and "Traceback" not in err
+    assert broken.read_text() == '{"cells": ['  # left as it was

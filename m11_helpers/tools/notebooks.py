@@ -46,6 +46,7 @@ from typing import Iterable
 
 import nbformat
 from nbformat import NotebookNode
+from nbformat.reader import NotJSONError
 
 __all__ = ["CHECK_MARKER", "clean", "dumps", "is_clean", "find_notebooks", "from_percent",
            "is_checked", "refresh", "main"]
@@ -254,19 +255,26 @@ def main(argv: list[str]) -> int:
         print(f"m11 nbclean: {e}", file=sys.stderr)
         return 2
 
-    dirty = []
+    dirty, invalid = [], []
     for path in paths:
-        if args.check:
-            if not is_clean(path):
-                dirty.append(path)
+        try:
+            if args.check:
+                if not is_clean(path):
+                    dirty.append(path)
+                continue
+            nb = nbformat.read(path, as_version=4)
+            if args.refresh:
+                nb = refresh(nb, path.parent, timeout=args.timeout)
+            text = dumps(clean(nb))
+        except (NotJSONError, nbformat.ValidationError) as e:  # not JSON, or not what nbformat calls a notebook
+            invalid.append(f"{path}: {str(e).strip().splitlines()[0][:200]}")
             continue
-        nb = nbformat.read(path, as_version=4)
-        if args.refresh:
-            nb = refresh(nb, path.parent, timeout=args.timeout)
-        text = dumps(clean(nb))
         if path.read_text(encoding="utf-8") != text:
             path.write_text(text, encoding="utf-8")
             print(f"cleaned {path}")
+    if invalid:
+        print("m11 nbclean: not valid notebooks (left as they are):", *invalid, sep="\n  ", file=sys.stderr)
+        return 2
     if dirty:
         print("not clean (run `m11 nbclean PATH` to fix):", *dirty, sep="\n  ")
         return 1
