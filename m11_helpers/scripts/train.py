@@ -36,7 +36,9 @@ import gc
 import math
 import os
 import statistics
+import sys
 import time
+import traceback
 from datetime import timedelta
 
 import torch
@@ -284,6 +286,17 @@ def main(argv=None, observer=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except BaseException as exc:  # noqa: BLE001 - a failed rank exits with its own code, whatever is still running
+        # Unwinding past live gloo and checkpoint threads, the interpreter's exit can abort the process
+        # ("terminate called without an active exception": exit -6, seen about once in four drills on a
+        # loaded machine) and hide what failed from torchrun's report. Print it, then leave at once.
+        code = exc.code if isinstance(exc, SystemExit) and isinstance(exc.code, int) else 1
+        if not isinstance(exc, SystemExit):
+            traceback.print_exc()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     gc.collect()  # a live DDP model at interpreter exit can abort the process
     dist.destroy_process_group()  # before the interpreter exits
