@@ -140,13 +140,13 @@ _NO_CODE = frozenset(map(id, (str, int, float, complex, bool, type(None), bytes,
                               types.WrapperDescriptorType, types.MethodDescriptorType, types.GetSetDescriptorType,
                               types.MemberDescriptorType, types.ClassMethodDescriptorType, types.MethodWrapperType,
                               types.CodeType)))
-_WRAPPERS = frozenset(map(id, (types.FunctionType, types.MethodType, staticmethod, classmethod, property)))
+_WRAPPERS = _METHODS | _CODE_HOLDERS  # the kinds `_origin` opens
 
 
 def _known(t, depth):
     """`_origin(x)` for an x of class `t` when that is already known this call (an instance, or at depth 1 a
     class, neither of a kind `_origin` looks into); None otherwise. Without `_origin`'s calls: see _NO_CODE."""
-    if id(t) in _WRAPPERS or t.__module__ == "functools":  # kinds `_origin` opens
+    if id(t) in _WRAPPERS or t.__module__ == "functools":
         return None
     if issubclass(t, type):
         return "" if depth else None

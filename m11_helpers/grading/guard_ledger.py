@@ -62,7 +62,7 @@ def _equal(w, v) -> bool:
 def _verify(name, source, compiled):
     """Compare the live module with a fresh run of its installed source; restore it when they differ.
 
-    `compiled`: source -> its code, kept across calls (compiling the nine sources was a tenth of a call).
+    `compiled`: (source, file) -> its code, kept across calls (compiling the nine sources was a tenth of a call).
     """
     live = sys.modules.get(name)
     if live is None:
@@ -73,9 +73,10 @@ def _verify(name, source, compiled):
         return
     d = live.__dict__
     fresh = {k: d[k] for k in ("__name__", "__file__", "__package__", "__spec__", "__path__") if k in d}
-    code = compiled.get(source)
-    if code is None or code.co_filename != (d.get("__file__") or name):
-        code = compiled[source] = compile(source, d.get("__file__") or name, "exec")
+    key = (source, d.get("__file__") or name)
+    code = compiled.get(key)
+    if code is None:
+        code = compiled[key] = compile(source, key[1], "exec")
     exec(code, fresh)
     bad = []
     for k, v in fresh.items():

@@ -292,9 +292,13 @@ if __name__ == "__main__":
         # Unwinding past live gloo and checkpoint threads, the interpreter's exit can abort the process
         # ("terminate called without an active exception": exit -6, seen about once in four drills on a
         # loaded machine) and hide what failed from torchrun's report. Print it, then leave at once.
-        code = exc.code if isinstance(exc, SystemExit) and isinstance(exc.code, int) else 1
+        code = 1
         if not isinstance(exc, SystemExit):
             traceback.print_exc()
+        elif exc.code is None or isinstance(exc.code, int):  # as the interpreter reads SystemExit
+            code = exc.code or 0
+        else:
+            print(exc.code, file=sys.stderr)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
