@@ -141,6 +141,9 @@ class Checkpointer:
         state = {"model": model_sd, "optim": optim_sd, "rng": {f"rank{_rank()}": rng_state()},
                  "others": {k: _state_of(v) for k, v in others.items()}}
         tmp = step_dir(self.folder, step).with_suffix(".tmp")
+        # The in-progress folder exists from this call on, not from whenever the writer thread gets to it:
+        # a kill right after save() began (a loaded machine delays that thread) leaves the *.tmp that says so.
+        tmp.mkdir(parents=True, exist_ok=True)
         if self.async_save:
             self._landed_event.clear()
             self._future = dcp.async_save(state, checkpoint_id=tmp, process_group=self.group)
