@@ -4,7 +4,7 @@ Fixtures (tests/data/grading/): `solutions/00_demo.ipynb` (2 exercises: 0.1 for 
 3, hidden tests in both checks), the generated `exercises/00_demo.ipynb`, and submissions that get
 0.2 wrong (and "fix" its visible test), hang, ignore SIGINT while hanging, kill the kernel, leave a
 daemon behind, print megabytes, or keep `launch` ranks running (`ranks`: the termination tests).
-`tamper_source/01_tamper.ipynb` has 20 one-line exercises and `submissions/tamper/` cheats on 19 of
+`tamper_source/01_tamper.ipynb` has 21 one-line exercises and `submissions/tamper/` cheats on 20 of
 them, one trick each (graded once, checked case by case). Each grading run costs a pytest process
 and a kernel (~3 s quiet; the tamper run imports torch and launches ranks, ~10 s).
 """
@@ -331,6 +331,7 @@ TAMPER_CASES = {
     "1.17": (0, "the name expect_equal was rebound in the notebook"),  # its `exec` no longer forges the guard
     "1.18": (0, "torch.allclose was replaced by code from the notebook"),
     "1.20": (0, "the notebook's __builtins__ was replaced"),  # by a dict that claims to equal the real one
+    "1.21": (0, "torch.allclose was replaced by code from the notebook"),  # a class that says it is functools.partial
     "1.19": (0, "the grader's guard could not check this cell"),  # right answer, guard's exec swapped: fails closed
 }
 TAMPER_WHY = {"1.14": "Exercise 1.14: f14(3) is wrong.", "1.15": "Exercise 1.15: f15(ones) is wrong.",
@@ -384,9 +385,10 @@ def test_guard_code_imports_cleanly_and_is_what_the_kernel_gets() -> None:
 
 def test_the_module_scan_finds_notebook_code_wherever_its_shortcuts_pass_by(monkeypatch) -> None:
     """The scan passes plain values, library functions and instances of classes it already judged without
-    `_origin` (guard_kernel.py, `_NO_CODE`, `_known`). Notebook code planted behind each shortcut is still
-    found, also when a metaclass claims its class is `str` and when the `types` module's names were
-    rebound; the plain values and library code beside it are not flagged."""
+    `_origin` (guard_scan.py, `_NO_CODE`, `_known`), and first asks `_quick_clean`, which reads whole
+    namespaces by type. Notebook code planted behind each shortcut, one plant at a time, makes the quick
+    pass say "look closer" and the full scan name it, also when a metaclass claims its class is `str` and
+    when the `types` module's names were rebound; the plain values and library code beside it pass both."""
     import functools
     import json as library  # a library module: its functions' files lie in the interpreter's folders
     import types
@@ -398,34 +400,46 @@ def test_the_module_scan_finds_notebook_code_wherever_its_shortcuts_pass_by(monk
                  "class Mod(ModuleType):\n    def hi(self):\n        return 2\n"
                  "class Liar(type):  # says it is str: equal, same hash\n"
                  "    __eq__ = lambda cls, other: True\n    __hash__ = lambda cls: hash(str)\n"
-                 "class Posing(metaclass=Liar):\n    def __call__(self, *a):\n        return True\n",
+                 "class Posing(metaclass=Liar):\n    def __call__(self, *a):\n        return True\n"
+                 "class partial:  # says it is functools.partial, of a library function\n"
+                 "    __module__, func = 'functools', len\n    def __call__(self, *a):\n        return True\n",
                  "/tmp/ipykernel_1/123.py", "exec"), notebook)
     swapped = types.FunctionType(library.dumps.__code__, {})  # a library function ...
     swapped.__code__ = notebook["planted"].__code__  # ... whose code the notebook swapped in place
-    mod = types.ModuleType("m11_scan_probe")
-    mod.__file__ = library.__file__  # it claims to be library code
-    lib_class = type("Lib", (), {"__module__": "m11_scan_probe", "ok": library.dumps, "n": 3,
-                                 "bad": staticmethod(notebook["planted"])})
     other = types.ModuleType("m11_scan_probe_other")
     other.__class__ = notebook["Mod"]  # a module whose class was reassigned: not a plain module any more
-    mod.__dict__.update(
-        plain_int=1, plain_str="s", plain_list=[notebook["planted"]], lib_fn=library.dumps, Lib=lib_class,
-        Mine=notebook["Mine"], a_mine=notebook["Mine"](), b_mine=notebook["Mine"](), swapped=swapped,
-        part=functools.partial(notebook["planted"], 1), prop_holder=property(notebook["planted"]),
-        other=other, bound=notebook["Mine"]().go, posing=notebook["Posing"]())
-    monkeypatch.setitem(sys.modules, "m11_scan_probe", mod)
-    monkeypatch.setitem(sys.modules, "IPython", types.SimpleNamespace(
-        get_ipython=lambda: types.SimpleNamespace(user_ns={})))
+    plants = {"Mine": notebook["Mine"], "a_mine": notebook["Mine"](), "b_mine": notebook["Mine"](), "swapped": swapped,
+              "part": functools.partial(notebook["planted"], 1), "prop_holder": property(notebook["planted"]),
+              "other": other, "bound": notebook["Mine"]().go, "posing": notebook["Posing"](), "impostor": notebook["partial"](),
+              "Lib": type("Lib", (), {"__module__": "m11_scan_probe", "bad": staticmethod(notebook["planted"])}),
+              "Held": type("Held", (), {"__module__": "elsewhere", "bad": notebook["planted"]})}  # found, not own
+    names = {"Lib": "Lib.bad"}
+    mod = types.ModuleType("m11_scan_probe")
+    mod.__file__ = library.__file__  # it claims to be library code
+    lib_class = type("Lib", (), {"__module__": "m11_scan_probe", "ok": library.dumps, "n": 3, "p": property(len)})
+    mod.__dict__.update(plain_int=1, plain_str="s", plain_list=[notebook["planted"]], lib_fn=library.dumps,
+                        LibOk=lib_class, lib_obj=lib_class(), decoder=library.JSONDecoder())
+    # the kernel's sys.modules, as the guard reads it: a library, the probe, IPython with the notebook's namespace
+    fake_sys = types.SimpleNamespace(modules={"json": library, "m11_scan_probe": mod, "IPython": types.SimpleNamespace(
+        get_ipython=lambda: types.SimpleNamespace(user_ns={}))})
+    monkeypatch.setattr(gk, "sys", fake_sys)
     monkeypatch.setattr(gk, "ROOTS", tuple(library_roots()))
-    monkeypatch.setattr(gk, "FOUND", [])
-    monkeypatch.setattr(gk, "_files", {})
-    monkeypatch.setattr(gk, "_types", {})
     monkeypatch.setattr(types, "FunctionType", int)  # the notebook rebinds the `types` module's names: the guard
     monkeypatch.setattr(types, "ModuleType", int)  # takes its types from objects of its own (guard_kernel.py)
-    gk._scan_modules()
-    found = {f.split(" was replaced")[0] for f in gk.FOUND if f.startswith("m11_scan_probe.")}
-    assert found == {f"m11_scan_probe.{k}" for k in ("Mine", "a_mine", "b_mine", "swapped", "part", "prop_holder",
-                                                     "other", "bound", "posing", "Lib.bad")}, sorted(found)
+
+    def scan() -> set[str]:
+        for cache in (gk.FOUND, gk._files, gk._types):  # one guard call's state (the kernel runs it afresh)
+            cache.clear()
+        gk._scan_modules()
+        return {f.split(" was replaced")[0] for f in gk.FOUND}
+
+    assert scan() == set()  # plain values and library code only
+    for key, plant in plants.items():
+        setattr(mod, key, plant)
+        assert scan() == {f"m11_scan_probe.{names.get(key, key)}"}, key
+        delattr(mod, key)
+    mod.__dict__.update(plants)  # all at once: each named
+    assert scan() == {f"m11_scan_probe.{names.get(k, k)}" for k in plants}
 
 
 def test_the_guard_benchmark_can_still_take_the_shortcuts_out() -> None:

@@ -118,8 +118,8 @@ def _origin(obj, depth=0):
         return _origin(obj.__func__, depth + 1)
     if t is property:
         return next((o for o in (_origin(f, depth + 1) for f in (obj.fget, obj.fset, obj.fdel) if f) if o), "")
-    if t.__module__ == "functools" and t.__name__ == "partial":
-        return _origin(obj.func, depth + 1)
+    if t.__module__ == "functools" and t.__name__ == "partial":  # or a class that only says it is one
+        return _origin(obj.func, depth + 1) or _class_origin(t)
     if issubclass(t, type):
         return _class_origin(obj) if depth == 0 else ""
     return _class_origin(t)
