@@ -14,6 +14,8 @@ browser driver. Six tools, each for one situation:
   init, so `kill_descendants()` still finds them.
 - `stop(popen, grace)`: ask a child and its tree to stop (SIGTERM), wait `grace` seconds, then SIGKILL.
 - `kill_descendants()`: kill everything below this process (in a subreaper: orphans included).
+- `exit_on_failure(main)` in a training script's rank: a failure prints its traceback and the process
+  leaves with its own exit code at once, instead of unwinding past live gloo and checkpoint threads.
 
 `death_signal_preexec()` is `die_with_parent` for a child started with `subprocess.Popen`.
 For programs whose descendants escape all of these (torchrun's ranks), run them tethered:
@@ -36,7 +38,7 @@ if TYPE_CHECKING:
 # and wants it only once its program runs
 
 __all__ = ["die_with_parent", "death_signal_preexec", "kill_tree", "kill_groups", "subreaper", "kill_descendants",
-           "stop"]
+           "stop", "exit_on_failure"]
 
 _PR_SET_PDEATHSIG, _PR_SET_CHILD_SUBREAPER, _PR_GET_CHILD_SUBREAPER = 1, 36, 37
 
@@ -160,3 +162,27 @@ def stop(proc: subprocess.Popen, grace: float = 10.0) -> None:
     kill_tree([proc.pid], grace=grace)  # the tree is listed before the signal: orphans are not missed
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(5)
+
+
+def exit_on_failure(main: Callable[[], object]) -> None:
+    """Run `main()`; if it raises, print the traceback and `os._exit` with its code (SystemExit's, else 1).
+
+    A rank that fails while gloo and checkpoint threads still run can abort in the interpreter's exit
+    ("terminate called without an active exception": exit -6, about once in four crash drills on a
+    loaded machine), which hides the failure from torchrun's report. Returns normally when `main` does.
+    """
+    import traceback
+
+    try:
+        main()
+    except BaseException as exc:  # noqa: BLE001 - a failed rank exits with its own code, whatever still runs
+        code = 1
+        if not isinstance(exc, SystemExit):
+            traceback.print_exc()
+        elif exc.code is None or isinstance(exc.code, int):  # as the interpreter reads SystemExit
+            code = exc.code or 0
+        else:
+            print(exc.code, file=sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)

@@ -110,6 +110,22 @@ def test_die_with_parent_exits_when_the_parent_is_already_gone():
     assert "ran on" in subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
 
 
+@pytest.mark.parametrize("body, code, printed", [
+    ("raise ValueError('bad batch')", 1, "ValueError: bad batch"),  # the traceback, then exit 1
+    ("raise SystemExit(3)", 3, ""), ("raise SystemExit('no data')", 1, "no data"), ("raise SystemExit", 0, ""),
+    ("return 'ok'", None, "after main"),  # no failure: the script goes on
+])
+def test_exit_on_failure_leaves_at_once_with_the_failures_code(body, code, printed):
+    # A thread still running (as gloo's and the async checkpointer's are) would hold a normal exit for a minute.
+    script = ("import threading, time\nfrom m11_helpers.procs import exit_on_failure\n"
+              "def main():\n    threading.Thread(target=time.sleep, args=(60,)).start()\n"
+              f"    {body}\nexit_on_failure(main)\nprint('after main')\nimport os\nos._exit(7)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=30)
+    assert out.returncode == (7 if code is None else code), out.stderr
+    assert printed in out.stdout + out.stderr
+    assert ("Traceback" in out.stderr) == (code == 1 and "Error" in printed)
+
+
 def test_the_supervisor_is_its_own_module_and_procs_keeps_the_primitives():
     assert set(tether.__all__) == {"tethered", "tethered_popen", "end_descendants"}
     assert not set(tether.__all__) & set(dir(procs)), "procs re-exports nothing of tether"

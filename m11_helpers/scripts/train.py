@@ -36,9 +36,7 @@ import gc
 import math
 import os
 import statistics
-import sys
 import time
-import traceback
 from datetime import timedelta
 
 import torch
@@ -56,6 +54,7 @@ from m11_helpers.launch import report
 from m11_helpers.lr_schedule import warmup_cosine
 from m11_helpers.meta_init import materialize
 from m11_helpers.models import TinyGPT
+from m11_helpers.procs import exit_on_failure
 from m11_helpers.sharded_checkpoint import Checkpointer, weights_checksum
 from m11_helpers.spike_guard import SpikeGuard, inject, next_batch, parse_batches, skip_window
 from m11_helpers.throughput import device_peak, step_throughput
@@ -286,21 +285,6 @@ def main(argv=None, observer=None) -> dict:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except BaseException as exc:  # noqa: BLE001 - a failed rank exits with its own code, whatever is still running
-        # Unwinding past live gloo and checkpoint threads, the interpreter's exit can abort the process
-        # ("terminate called without an active exception": exit -6, seen about once in four drills on a
-        # loaded machine) and hide what failed from torchrun's report. Print it, then leave at once.
-        code = 1
-        if not isinstance(exc, SystemExit):
-            traceback.print_exc()
-        elif exc.code is None or isinstance(exc.code, int):  # as the interpreter reads SystemExit
-            code = exc.code or 0
-        else:
-            print(exc.code, file=sys.stderr)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+    exit_on_failure(main)  # a failed rank prints its traceback and leaves with its code at once (procs.py)
     gc.collect()  # a live DDP model at interpreter exit can abort the process
     dist.destroy_process_group()  # before the interpreter exits
