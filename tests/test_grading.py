@@ -266,10 +266,18 @@ def test_kernel_killer_is_graded_past_its_death(work: Path) -> None:
     assert "kernel died" in data["notebooks"][0]["exercises"][0]["why"]
 
 
-def test_daemons_and_children_are_killed(work: Path, monkeypatch) -> None:
+def test_daemons_and_children_are_killed_and_installed_pytest_plugins_stay_out(work: Path, monkeypatch) -> None:
     # unsandboxed: the grader's own cleanup (subreaper + kill), not bubblewrap's pid namespace, is under test,
     # and the notebook writes its pid files into its own folder rather than the sandbox's private copy
     monkeypatch.setenv("M11_GRADE_SANDBOX", "off")
+    # an installed pytest plugin that reverses the order of items, as pytest-randomly shuffles it: it would run
+    # each notebook's check cells before its solutions, if the grader's pytest loaded it
+    plugins = work / "site"
+    (plugins / "m11_reverse_probe-0.dist-info").mkdir(parents=True)
+    (plugins / "m11_reverse_probe-0.dist-info" / "METADATA").write_text("Name: m11-reverse-probe\nVersion: 0\n")
+    (plugins / "m11_reverse_probe-0.dist-info" / "entry_points.txt").write_text("[pytest11]\nreverse = m11_reverse_probe\n")
+    (plugins / "m11_reverse_probe.py").write_text("def pytest_collection_modifyitems(items):\n    items.reverse()\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(plugins), os.environ.get("PYTHONPATH")])))
     folder = work / "submissions" / "daemon"
     rc, data = _grade(work, str(folder), "--cell-timeout", "20")
     assert _scores(data) == {"0.1": 2, "0.2": 3}

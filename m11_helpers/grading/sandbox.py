@@ -38,7 +38,8 @@ INSIDE_CWD, INSIDE_HOME = "/submission", "/home/student"
 # what a notebook may see of the grader's environment (everything else, tokens included, is dropped)
 KEEP_ENV = {"PATH", "LANG", "LANGUAGE", "TZ", "TERM", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "PYTHONPATH",
             "PYTHONHASHSEED", "PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED", "MPLBACKEND", "M11_STRICT",
-            "CUDA_VISIBLE_DEVICES", "VIRTUAL_ENV", "JUPYTER_PLATFORM_DIRS", "SOURCE_DATE_EPOCH"}
+            "CUDA_VISIBLE_DEVICES", "VIRTUAL_ENV", "JUPYTER_PLATFORM_DIRS", "SOURCE_DATE_EPOCH",
+            "PYTEST_DISABLE_PLUGIN_AUTOLOAD"}  # the grader's pytest loads only the plugins it names (runner.py)
 KEEP_PREFIXES = ("LC_", "M11_GRADE_")
 ETC = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "timezone", "nsswitch.conf", "alternatives",
        "fonts", "mime.types")
