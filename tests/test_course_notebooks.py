@@ -54,3 +54,19 @@ def test_the_wheel_ships_what_a_notebook_opened_alone_needs(wheel: Path, tmp_pat
     for key in ("script", "config", "templates"):
         assert found[key].startswith(str(wheel)), (key, found[key])
     assert all(n >= 4 for n in found["quizzes"].values()), found["quizzes"]
+
+
+def test_a_kernel_that_hangs_before_its_first_cell_says_where(wheel: Path, tmp_path: Path) -> None:
+    """A course kernel once hung at start-up in CI, silently (nbval sends its stderr to /dev/null). Every kernel
+    started with kernel_env arms a dump of its threads' stacks, which its startup file disarms (support/wheel.py):
+    a process that looks like a kernel and never gets there leaves its stacks, read by the course run's retry."""
+    from support.wheel import stuck_kernels
+
+    env = dict(kernel_env(wheel, check_cwd=True), M11_STUCK_S="0.5")
+    stuck = "import time\ndef starting_up():\n    time.sleep(3)\nstarting_up()\n"
+    out = subprocess.run([sys.executable, "-c", stuck, "ipykernel_launcher"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    dumps = stuck_kernels(wheel)
+    assert "in starting_up" in dumps and "not at its first cell yet" in dumps, dumps
+    assert stuck_kernels(wheel) == ""  # read once, then gone

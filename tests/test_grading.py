@@ -11,6 +11,7 @@ and a kernel (~3 s quiet; the tamper run imports torch and launches ranks, ~10 s
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
@@ -489,6 +490,14 @@ def _run_processes(run: str) -> list[psutil.Process]:
     return found
 
 
+def _cmdline(p: psutil.Process) -> str:
+    """The process's command line; "" once it has exited (it may, between being listed and being read)."""
+    try:
+        return " ".join(p.cmdline())
+    except psutil.Error:
+        return ""
+
+
 @pytest.mark.parametrize("sig, sandbox", [(signal.SIGINT, "off"), (signal.SIGTERM, "off"), (signal.SIGKILL, "off"),
                                           (signal.SIGKILL, "auto")], ids=["SIGINT", "SIGTERM", "SIGKILL", "SIGKILL-sandbox"])
 def test_nothing_survives_m11_grade(work: Path, sig: int, sandbox: str) -> None:
@@ -503,7 +512,7 @@ def test_nothing_survives_m11_grade(work: Path, sig: int, sandbox: str) -> None:
         try:
             deadline = time.monotonic() + 240
             while time.monotonic() < deadline and proc.poll() is None:  # the kernel, its store and two ranks
-                kernels = [p for p in _run_processes(run) if "ipykernel" in " ".join(p.cmdline())]
+                kernels = [p for p in _run_processes(run) if "ipykernel" in _cmdline(p)]
                 if len(kernels) >= 4:
                     break
                 time.sleep(0.2)
@@ -514,10 +523,12 @@ def test_nothing_survives_m11_grade(work: Path, sig: int, sandbox: str) -> None:
             end = time.monotonic() + 30
             while _run_processes(run) and time.monotonic() < end:
                 time.sleep(0.2)
-            left = [(p.pid, " ".join(p.cmdline())[:80]) for p in _run_processes(run)]
+            # one that exits between being listed and being read is gone: not a survivor
+            left = [(p.pid, cmd) for p in _run_processes(run) if (cmd := _cmdline(p)[:80]) or p.is_running()]
         finally:
             for p in _run_processes(run):
-                p.kill()
+                with contextlib.suppress(psutil.Error):
+                    p.kill()
             proc.kill()
             proc.wait()
             while True:  # reap what was re-parented to us

@@ -28,9 +28,26 @@ ROOT = Path(__file__).resolve().parents[2]
 SOURCES = ("pyproject.toml", "README.md", "LICENSE", "m11_helpers")
 CHECK_EXIT = 86  # the kernel's exit code when it did not import the wheel
 
+STUCK_S = 45  # a kernel not past its startup file by then dumps its threads' stacks (nbval gives up at 60)
+# Runs first in every Python process started with kernel_env (a sitecustomize on PYTHONPATH): in a kernel, it arms
+# a dump of every thread's stack into STUCK-<pid>.txt beside the site, which KERNEL_CHECK disarms. A kernel that
+# hangs before its first cell (seen once in CI, with nothing on its stderr) then says where.
+BOOT = '''\
+import faulthandler, os, sys
+if os.environ.get("M11_WHEEL_SITE") and "ipykernel_launcher" in " ".join(getattr(sys, "orig_argv", [])):
+    _m11_stuck = open(os.path.join(os.path.dirname(os.environ["M11_WHEEL_SITE"]), f"stuck-{os.getpid()}.txt"), "w")
+    # the file stays open (this module keeps it) until the dump or KERNEL_CHECK
+    faulthandler.dump_traceback_later(float(os.environ.get("M11_STUCK_S", %d)), file=_m11_stuck)
+''' % STUCK_S
+
 # Runs in every kernel (IPython startup file) before the notebook's first cell.
 KERNEL_CHECK = '''\
 import json, os, sys
+if getattr(sys.modules.get("sitecustomize"), "_m11_stuck", None):  # it got here: no dump, no file (BOOT)
+    import faulthandler
+    faulthandler.cancel_dump_traceback_later()
+    sys.modules["sitecustomize"]._m11_stuck.close()
+    os.remove(sys.modules["sitecustomize"]._m11_stuck.name)
 _site, _mode = os.environ.get("M11_WHEEL_SITE"), os.environ.get("M11_KERNEL_CHECK", "")
 if _site:
     import m11_helpers
@@ -83,6 +100,8 @@ def wheel_site() -> Path:
     startup = dest / "ipython" / "profile_default" / "startup"
     startup.mkdir(parents=True)
     (startup / "00-m11-wheel-check.py").write_text(KERNEL_CHECK)
+    (dest / "boot").mkdir()
+    (dest / "boot" / "sitecustomize.py").write_text(BOOT)
     (dest / "kernels.jsonl").touch()
     return site
 
@@ -95,11 +114,22 @@ def wheel_file(site: Path) -> Path:
 def kernel_env(site: Path, *, check_cwd: bool, base: dict | None = None) -> dict[str, str]:
     """Environment variables for a process whose kernels must run the wheel's package (see module doc)."""
     env = dict(os.environ if base is None else base)
-    env.update(PYTHONPATH=os.pathsep.join([str(site), *filter(None, [env.get("PYTHONPATH")])]),
+    env.update(PYTHONPATH=os.pathsep.join([str(site), str(site.parent / "boot"), *filter(None, [env.get("PYTHONPATH")])]),
                IPYTHONDIR=str(site.parent / "ipython"), M11_WHEEL_SITE=str(site),
                M11_WHEEL_LOG=str(site.parent / "kernels.jsonl"), M11_REPO_ROOT=str(ROOT),
                M11_KERNEL_CHECK="package,cwd" if check_cwd else "package")
     return env
+
+
+def stuck_kernels(site: Path) -> str:
+    """The stacks of kernels that hung before their first cell (BOOT's dumps), removed once read."""
+    dumps = []
+    for path in sorted(site.parent.glob("stuck-*.txt")):
+        text = path.read_text(errors="replace").strip()
+        if text:  # an empty file: a kernel still starting, or one killed before its dump was due
+            dumps.append(f"kernel {path.stem.split('-')[1]}, not at its first cell yet:\n{text}")
+            path.unlink()
+    return "\n".join(dumps)
 
 
 def kernel_records(site: Path) -> list[dict]:
