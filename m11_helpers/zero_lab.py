@@ -93,14 +93,12 @@ def memory_lab(num_params_billions: float | None = None, world_size: int = 8, st
                gpu_gib: int = round(DEFAULT_GPU.memory_gib), activations_gib: float | None = None):
     """The DP/ZeRO memory lab: sliders → `lab_rows` → stacked bars per GPU vs the capacity line.
 
-    Returns the `ipywidgets.interactive` (display it, or read `.children`: the seven controls, then
-    the output with an HTML summary line and the figure). Defaults: the 7B running example on
-    8 H100s (80 GiB each), with its activations for one 4096-token sequence under selective recomputation
+    Returns an `ipywidgets.VBox` (display it, or read `.children`: the seven controls, the summary
+    (`HTML`) and the figure (`Image`, PNG)). Defaults: the 7B running example on 8 H100s (80 GiB
+    each), with its activations for one 4096-token sequence under selective recomputation
     (`activations.activation_bytes`, Korthikanti et al. 2022 §4.2).
     """
     import ipywidgets as w
-    import matplotlib.pyplot as plt
-    from IPython.display import HTML, display
 
     if num_params_billions is None:
         num_params_billions = param_count(RUNNING_EXAMPLE) / 1e9
@@ -119,15 +117,34 @@ def memory_lab(num_params_billions: float | None = None, world_size: int = 8, st
         "gpu_gib": w.Dropdown(options=list(GPU_MEMORY_GIB), value=gpu_gib, description="GPU memory (GiB)",
                               style=style),
     }
+    # The summary and the plot are widgets whose values change, not output captured into an Output widget:
+    # nothing depends on which cell's messages the front end routes where (a fresh JupyterLab once drew the
+    # summary and never the plot), and a redraw replaces two values instead of clearing and re-rendering.
+    summary, figure = w.HTML(), w.Image(format="png")
 
-    def draw(params_b, gpus, stage, offload, activations, act_gib, gpu_gib):
-        if offload == "optimizer+params" and stage != 3:
-            display(HTML("<i>parameter offload needs ZeRO-3: showing optimizer offload for stages 0-2</i>"))
-        rows = lab_rows(params_b * 1e9, gpus, stage, offload=offload,
-                        activations=act_gib * GiB if activations else 0.0, gpu_bytes=gpu_gib * GiB)
-        display(HTML(lab_summary(rows, gpus)))
-        fig = lab_figure(rows, gpu_gib * GiB, f"{params_b:.2f}B parameters on {gpus} × {gpu_gib} GiB")
-        plt.show()
-        plt.close(fig)
+    def redraw(_change=None) -> None:
+        v = {name: c.value for name, c in controls.items()}
+        note = ("<i>parameter offload needs ZeRO-3: showing optimizer offload for stages 0-2</i><br>"
+                if v["offload"] == "optimizer+params" and v["stage"] != 3 else "")
+        rows = lab_rows(v["params_b"] * 1e9, v["gpus"], v["stage"], offload=v["offload"],
+                        activations=v["act_gib"] * GiB if v["activations"] else 0.0, gpu_bytes=v["gpu_gib"] * GiB)
+        summary.value = note + lab_summary(rows, v["gpus"])
+        title = f"{v['params_b']:.2f}B parameters on {v['gpus']} × {v['gpu_gib']} GiB"
+        figure.value = _png(lab_figure(rows, v["gpu_gib"] * GiB, title))
 
-    return w.interactive(draw, **controls)
+    for c in controls.values():
+        c.observe(redraw, names="value")
+    redraw()
+    return w.VBox([*controls.values(), summary, figure]).add_class("m11-lab")
+
+
+def _png(fig) -> bytes:
+    """A matplotlib figure as PNG bytes, closed afterwards (so the notebook's backend never shows it twice)."""
+    import io
+
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", bbox_inches="tight")  # as the inline backend saves it
+    plt.close(fig)
+    return buf.getvalue()

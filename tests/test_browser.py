@@ -22,7 +22,6 @@ whole lesson takes over a minute on 2 cores); M11_BROWSER_FULL=1 opens and runs 
 
 from __future__ import annotations
 
-import itertools
 import os
 import re
 import shutil
@@ -147,24 +146,31 @@ def test_no_slide_of_any_deck_cuts_code_or_output_at_an_edge(tmp_path: Path) -> 
 # ------------------------------------------------------------------------------------------------
 
 FIXTURE_LAB = '''\
+import io
 import ipywidgets as w
 import matplotlib.pyplot as plt
-from IPython.display import HTML, display
 
-def draw(gpus):
-    display(HTML(f"<b>memory</b> on {gpus} GPUs"))
+gpus, summary, plot = w.IntSlider(value=8, min=1, max=1024, description="GPUs (N)"), w.HTML(), w.Image(format="png")
+
+def redraw(_change=None):
+    summary.value = f"<b>memory</b> on {gpus.value} GPUs"
     fig, ax = plt.subplots(figsize=(6, 3))
-    ax.bar(["DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3"], [16, 4 + 12 / gpus, 2 + 14 / gpus, 16 / gpus])
-    plt.show()
+    ax.bar(["DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3"], [16, 4 + 12 / gpus.value, 2 + 14 / gpus.value, 16 / gpus.value])
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    plot.value = buf.getvalue()
 
-w.interactive(draw, gpus=w.IntSlider(value=8, min=1, max=1024, description="GPUs (N)"))'''
+gpus.observe(redraw, names="value")
+redraw()
+w.VBox([gpus, summary, plot]).add_class("m11-lab")'''
 
 
 def lab_notebook(course: Path) -> tuple[str, int]:
     """Write the notebook to open into course/; return its name and its number of code cells.
 
     The lesson's own lab when 05_zero_fsdp.ipynb calls `memory_lab`, else a fixture with the same
-    shape (an IntSlider "GPUs (N)" driving a matplotlib plot through `interactive`)."""
+    shape (an IntSlider "GPUs (N)" redrawing a summary (HTML) and a matplotlib plot (Image))."""
     if ZERO_LESSON.is_file():
         nb = nbformat.read(ZERO_LESSON, as_version=4)
         lab = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and "memory_lab(" in c.source]
@@ -192,15 +198,35 @@ NOTEBOOK_READY = """(() => document.querySelectorAll('.jp-Notebook .jp-Cell').le
     && document.querySelector('.jp-Notebook-ExecutionIndicator')?.dataset.status === 'idle')()"""
 
 # the lab's visible state: the slider's readout, the summary line, the plot's image data
+# the lab's visible state: the slider's readout, the summary line, and the plot as drawn (a digest of its pixels:
+# the Image widget's src is a fresh blob: URL at every update, whatever the picture)
 LAB_STATE = """(() => {
-    const box = document.querySelector('.widget-interact'); if (!box) return null;
+    const box = document.querySelector('.m11-lab'); if (!box) return null;
     const slider = [...box.querySelectorAll('.widget-slider')]
         .find(e => e.querySelector('.widget-label')?.textContent.trim() === 'GPUs (N)');
     if (!slider) return null;
     slider.querySelector('.noUi-handle').setAttribute('data-m11-test', 'gpus');
-    const img = box.querySelector('.jp-OutputArea-output img');
-    return {readout: slider.querySelector('.widget-readout').textContent.trim(), img: img ? img.src : '',
-            summary: box.querySelector('.jp-OutputArea-output b')?.closest('.jp-OutputArea-output')?.innerText ?? ''};
+    const img = box.querySelector('img.widget-image');
+    let png = '';
+    if (img && img.complete && img.naturalWidth > 0) {
+        const c = document.createElement('canvas');
+        [c.width, c.height] = [img.naturalWidth, img.naturalHeight];
+        c.getContext('2d').drawImage(img, 0, 0);
+        const d = c.toDataURL('image/png');
+        let h = 0;
+        for (let i = 0; i < d.length; i++) h = (h * 31 + d.charCodeAt(i)) | 0;
+        png = `${img.naturalWidth}x${img.naturalHeight}:${h}`;
+    }
+    return {readout: slider.querySelector('.widget-readout').textContent.trim(), img: png,
+            summary: box.querySelector('.widget-html-content')?.innerText ?? ''};
+})()"""
+# what the notebook shows when the lab is not as expected: the lab's parts and every output (an error, a warning)
+LAB_DIAGNOSIS = """(() => {
+    const box = document.querySelector('.m11-lab'), img = box?.querySelector('img');
+    return {lab: !!box, widgets: box ? box.children.length : 0,
+            img: img ? {src: img.src.slice(0, 30), complete: img.complete, width: img.naturalWidth} : null,
+            outputs: [...document.querySelectorAll('.jp-OutputArea-output')]
+                .map(e => `${e.dataset.mimeType ?? ''}: ${e.innerText.slice(0, 300)}`)};
 })()"""
 
 
@@ -235,18 +261,12 @@ def test_zero_memory_lab_runs_in_jupyterlab_and_slider_redraws(tmp_path: Path) -
         wait_for(lambda: page.evaluate(f"!!document.querySelector('{run_all}')"), 10, "the Run menu to open")
         page.click(run_all)
 
-        polls = itertools.count()
-
         def settled():
-            # Scroll to the end as a reader would: JupyterLab 4 renders only the cells in view (windowing).
-            # A cold layout can leave the end blank (the plot's cell sized but not drawn, as the artefact
-            # 02-no-plot.png once showed): every second, look one or two screens higher, as a reader would.
-            screens = 1 + next(polls) // 5 % 3
-            page.evaluate("document.querySelectorAll('.jp-NotebookPanel .jp-WindowedPanel-outer, .jp-NotebookPanel "
-                          f".jp-Notebook').forEach(e => {{ e.scrollTop = Math.max(0, e.scrollHeight - {screens} * "
-                          "e.clientHeight); })")
+            # Bring the lab into view as a reader would scroll to it (and the screenshots then show it; with
+            # windowing off, JupyterLab renders it wherever it is, so this is for the pictures and the drag)
+            page.evaluate("document.querySelector('.m11-lab')?.scrollIntoView({block: 'center'})")
             state = page.evaluate(LAB_STATE)
-            return state if state and state["img"].startswith("data:image/png") and state["summary"] else None
+            return state if state and state["img"] and state["summary"] else None
 
         # Wait on the kernel's progress, not on a fixed clock: a cold or loaded 2-core machine spends
         # tens of seconds in the setup cell's imports (torch, matplotlib's font cache on a fresh
@@ -255,9 +275,10 @@ def test_zero_memory_lab_runs_in_jupyterlab_and_slider_redraws(tmp_path: Path) -
         timings["cells"] = done
         try:
             before = wait_for(settled, 30, f"the lab's plot to appear once every cell ran (cells: {done})")
-        except TimeoutError:
+        except TimeoutError as e:
             page.screenshot(shots / "02-no-plot.png")
-            raise
+            raise TimeoutError(f"{e}\nthe notebook shows: {page.evaluate(LAB_DIAGNOSIS)}\n"
+                               f"JupyterLab's log ends: {lab.log.read_text()[-2000:]}") from None
         wait_for(lambda: page.evaluate(NOTEBOOK_READY), 30 * slow, "the kernel to finish")
         prompts = page.evaluate("[...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')]"
                                 ".map(e => e.textContent.trim())")
