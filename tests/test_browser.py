@@ -197,7 +197,6 @@ NOTEBOOK_READY = """(() => document.querySelectorAll('.jp-Notebook .jp-Cell').le
     && !/No Kernel/.test(document.querySelector('.jp-NotebookPanel-toolbar')?.textContent ?? 'No Kernel')
     && document.querySelector('.jp-Notebook-ExecutionIndicator')?.dataset.status === 'idle')()"""
 
-# the lab's visible state: the slider's readout, the summary line, the plot's image data
 # the lab's visible state: the slider's readout, the summary line, and the plot as drawn (a digest of its pixels:
 # the Image widget's src is a fresh blob: URL at every update, whatever the picture)
 LAB_STATE = """(() => {

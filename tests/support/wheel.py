@@ -30,7 +30,7 @@ CHECK_EXIT = 86  # the kernel's exit code when it did not import the wheel
 
 STUCK_S = 45  # a kernel not past its startup file by then dumps its threads' stacks (nbval gives up at 60)
 # Runs first in every Python process started with kernel_env (a sitecustomize on PYTHONPATH): in a kernel, it arms
-# a dump of every thread's stack into STUCK-<pid>.txt beside the site, which KERNEL_CHECK disarms. A kernel that
+# a dump of every thread's stack into stuck-<pid>.txt beside the site, which KERNEL_CHECK disarms. A kernel that
 # hangs before its first cell (seen once in CI, with nothing on its stderr) then says where.
 BOOT = '''\
 import faulthandler, os, sys
