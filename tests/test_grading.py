@@ -394,10 +394,9 @@ def test_guard_code_imports_cleanly_and_is_what_the_kernel_gets() -> None:
 
 def test_the_module_scan_finds_notebook_code_wherever_its_shortcuts_pass_by(monkeypatch) -> None:
     """The scan passes plain values, library functions and instances of classes it already judged without
-    `_origin` (guard_scan.py, `_NO_CODE`, `_known`), and first asks `_quick_clean`, which reads whole
-    namespaces by type. Notebook code planted behind each shortcut, one plant at a time, makes the quick
-    pass say "look closer" and the full scan name it, also when a metaclass claims its class is `str` and
-    when the `types` module's names were rebound; the plain values and library code beside it pass both."""
+    `_origin` (guard_kernel.py, `_NO_CODE`, `_known`). Notebook code planted behind each shortcut, one plant
+    at a time and then all together, is found and named, also when a metaclass claims its class is `str`
+    and when the `types` module's names were rebound; the plain values and library code beside it are not."""
     import functools
     import json as library  # a library module: its functions' files lie in the interpreter's folders
     import types
