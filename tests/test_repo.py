@@ -47,6 +47,10 @@ def test_lesson_follows_the_checklist(stem):
     assert "quiz(" in text, "a four-question quiz"
     assert "takeaways" in text.lower(), "key takeaways"
     assert any(c.metadata["slideshow"]["slide_type"] == "notes" for c in nb.cells), "speaker notes"
+    # the checklist's "no code cell over about 25 lines": counted without blank and nbval marker lines
+    long = {i: n for i, c in enumerate(nb.cells) if c.cell_type == "code" and "quiz(" not in c.source
+            and (n := sum(bool(ln.strip()) and not ln.startswith("# NBVAL") for ln in c.source.splitlines())) > 25}
+    assert not long, f"code cells over 25 lines (cell: lines); move the code into a helper: {long}"
 
 
 def test_refresh_rewrites_an_old_setup_cell_and_nothing_else(tmp_path):
