@@ -1,7 +1,7 @@
 """Process cleanup, the one way: nothing the course starts may outlive the one who started it.
 
 Used by the launcher (`launch`, `launch_script`), the grader and its pytest plugin, and the tests'
-browser driver. Six tools, each for one situation:
+browser driver. Seven tools, each for one situation:
 
 - `die_with_parent()` in a child (Linux `PR_SET_PDEATHSIG`): the kernel SIGKILLs it the moment the
   thread that forked it dies, even when that parent was SIGKILLed and ran no cleanup at all.
@@ -14,6 +14,8 @@ browser driver. Six tools, each for one situation:
   init, so `kill_descendants()` still finds them.
 - `stop(popen, grace)`: ask a child and its tree to stop (SIGTERM), wait `grace` seconds, then SIGKILL.
 - `kill_descendants()`: kill everything below this process (in a subreaper: orphans included).
+- `on_stop_signals(handler, signals)`: stop on SIGINT/SIGTERM/SIGHUP, but leave a SIGHUP that was ignored
+  when we started ignored (`nohup m11 grade …` must outlive the terminal that started it).
 - `exit_on_failure(main)` in a training script's rank: a failure prints its traceback and the process
   leaves with its own exit code at once, instead of unwinding past live gloo and checkpoint threads.
 
@@ -38,7 +40,7 @@ if TYPE_CHECKING:
 # and wants it only once its program runs
 
 __all__ = ["die_with_parent", "death_signal_preexec", "kill_tree", "kill_groups", "subreaper", "kill_descendants",
-           "stop", "exit_on_failure"]
+           "stop", "on_stop_signals", "exit_on_failure"]
 
 _PR_SET_PDEATHSIG, _PR_SET_CHILD_SUBREAPER, _PR_GET_CHILD_SUBREAPER = 1, 36, 37
 
@@ -162,6 +164,17 @@ def stop(proc: subprocess.Popen, grace: float = 10.0) -> None:
     kill_tree([proc.pid], grace=grace)  # the tree is listed before the signal: orphans are not missed
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(5)
+
+
+def on_stop_signals(handler: Callable, signals: Sequence[int]) -> dict[int, object]:
+    """Install `handler` for each of `signals`; return the handlers it replaced (to put back afterwards).
+
+    A SIGHUP ignored on entry stays ignored: that is `nohup`'s promise (the job outlives the terminal),
+    which a handler of our own would break. SIGINT and SIGTERM are always ours: a script started in the
+    background inherits SIGINT ignored, yet a `kill -INT` sent to it means stop.
+    """
+    return {s: signal.signal(s, handler) for s in signals
+            if not (s == getattr(signal, "SIGHUP", None) and signal.getsignal(s) == signal.SIG_IGN)}
 
 
 def exit_on_failure(main: Callable[[], object]) -> None:

@@ -110,9 +110,13 @@ def _supervise(args: list[str]) -> None:
     stopped: list[int] = []
     # An interrupt is for the program: Jupyter sends it to the whole process group, program included.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, lambda signum, _frame: stopped.append(signum))
+
+    def record(signum: int, _frame) -> None:
+        stopped.append(signum)
+
+    signal.signal(signal.SIGTERM, record)  # the caller's "stop": taken before anything that takes time
     procs = _sibling_procs()
+    procs.on_stop_signals(record, (signal.SIGHUP,))  # a closed terminal, unless we run under nohup
     prctl = procs._prctl()
     if prctl is not None:
         prctl(procs._PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)

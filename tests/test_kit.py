@@ -126,6 +126,33 @@ def test_exit_on_failure_leaves_at_once_with_the_failures_code(body, code, print
     assert ("Traceback" in out.stderr) == (code == 1 and "Error" in printed)
 
 
+STOPPABLE = """
+import os, signal, sys, time
+from m11_helpers.procs import on_stop_signals
+if sys.argv[1] == "terminal":  # as a terminal's process gets it, however this suite was started
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+on_stop_signals(lambda signum, _frame: os._exit(100 + signum), (signal.SIGINT, signal.SIGTERM, signal.SIGHUP))
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="nohup and SIGHUP as on Linux")
+@pytest.mark.parametrize("started", ["terminal", "nohup"])
+def test_stop_signals_stop_us_but_a_sighup_nohup_ignored_stays_ignored(started):
+    # `nohup m11 grade class/ &`, then the terminal closes: grading must go on (and SIGTERM still stop it)
+    argv = [sys.executable, "-c", STOPPABLE, started]
+    proc = subprocess.Popen(["nohup", *argv] if started == "nohup" else argv, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert proc.stdout.readline() == "ready\n"
+        proc.send_signal(signal.SIGHUP)  # the first signal sent: its handler, if it has one, ends the process
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 100 + (signal.SIGTERM if started == "nohup" else signal.SIGHUP)
+    finally:
+        proc.kill()
+
+
 def test_the_supervisor_is_its_own_module_and_procs_keeps_the_primitives():
     assert set(tether.__all__) == {"tethered", "tethered_popen", "end_descendants"}
     assert not set(tether.__all__) & set(dir(procs)), "procs re-exports nothing of tether"

@@ -55,6 +55,7 @@ faulthandler.register(signal.SIGUSR1, file=open(sys.argv[2] + ".stack", "w"), al
 # Ctrl-C as a terminal's foreground process gets it: a suite started in the background by a script
 # (`make test &`) hands its children SIGINT ignored, and this caller would then never see the SIGINT sent it
 signal.signal(signal.SIGINT, signal.default_int_handler)
+signal.signal(signal.SIGHUP, signal.SIG_DFL)  # likewise `nohup make test` hands SIGHUP ignored: a closed terminal ends it
 if sys.argv[4] == "restart":  # a kernel busy in C code: a SIGTERM does not end it, the SIGKILL after it does
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 launch_script(sys.argv[1], sys.argv[2], num_processes=2, num_machines=int(sys.argv[3]), device="cpu",

@@ -15,7 +15,7 @@ A score is always reported: `plugin.py` records each cell as it completes; a cel
 interrupted (cell timeout) or its kernel killed; a cell that kills the kernel, or has to be
 killed, is skipped on a rerun so later exercises are still graded, all within the notebook's
 wall-clock limit (runner.py). Nothing outlives the command, however it ends: SIGINT, SIGTERM and
-SIGHUP stop it cleanly (every descendant killed, daemons included: it is a child subreaper; exit
+SIGHUP (unless started under `nohup`) stop it cleanly (every descendant killed, daemons included: it is a child subreaper; exit
 128 + the signal's number), and on SIGKILL the chain of parent-death signals takes the nbval
 process, then its kernel, then the kernel's ranks.
 """
@@ -35,6 +35,7 @@ from m11_helpers.grading import report, sandbox
 from m11_helpers.grading.exercises import find_repo_root
 from m11_helpers.grading.results import ExerciseResult, NotebookResult
 from m11_helpers.grading.runner import prepare, run_cells, score
+from m11_helpers.procs import on_stop_signals
 from m11_helpers.tools.notebooks import find_notebooks
 
 __all__ = ["ExerciseResult", "NotebookResult", "prepare", "grade_notebook", "grade", "main"]
@@ -95,10 +96,10 @@ def _percent(results: list[NotebookResult]) -> float:
 def main(argv: list[str]) -> int:
     """`m11 grade`; exit 1 below --min-score, 2 on bad arguments, 128 + N when stopped by signal N."""
     mine = threading.current_thread() is threading.main_thread()  # only there can Python take signals
-    previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS} if mine else {}
+    previous = {}
     try:
-        for sig in previous:
-            signal.signal(sig, _stop)
+        if mine:
+            previous = on_stop_signals(_stop, STOP_SIGNALS)
         return _main(argv)
     except Stopped as e:
         print(f"m11 grade: stopped by {signal.Signals(e.signum).name}; every process it started was killed",

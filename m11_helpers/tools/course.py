@@ -8,7 +8,7 @@ Nothing it starts outlives it. Each kernel is tethered (`m11_helpers.tools.kerne
 process is killed, even with SIGKILL, a supervisor kills the kernel and everything the notebook
 started (ranks, torchrun agents, helpers). While it runs it is a child subreaper, so whatever a kernel
 leaves behind re-parents here; after each notebook, and on SIGINT (Ctrl-C), SIGTERM or SIGHUP (a
-closed terminal), it kills every descendant and exits. The notebooks run in a worker thread so
+closed terminal; not under `nohup`), it kills every descendant and exits. The notebooks run in a worker thread so
 that these handlers stay ours: in the main thread nbclient installs its own SIGINT/SIGTERM
 handlers, which shut the current kernel down and go on with the next notebook. Tested in
 tests/test_launch_cleanup.py.
@@ -27,7 +27,7 @@ from typing import Iterator
 
 import nbformat
 
-from m11_helpers.procs import subreaper
+from m11_helpers.procs import on_stop_signals, subreaper
 from m11_helpers.tether import end_descendants
 from m11_helpers.tools.kernels import notebook_client
 from m11_helpers.tools.paths import repo_root
@@ -61,7 +61,7 @@ def _nothing_survives() -> Iterator[set[int]]:
 
     main = threading.current_thread() is threading.main_thread()  # signal handlers: main thread only
     ends = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-    old = {s: signal.signal(s, die) for s in ends} if main else {}
+    old = on_stop_signals(die, ends) if main else {}
     try:
         with subreaper():
             yield spared
