@@ -24,7 +24,8 @@ PYTEST      := CUDA_VISIBLE_DEVICES= M11_STRICT=1 OMP_NUM_THREADS=1 $(BIN)/pytho
 # pytest-xdist workers: each test file (the course notebooks with the browser tests as one; the wrong-answer
 # runs one per lesson) runs whole on one worker (tests/conftest.py). 3 on a 2-core laptop or CI runner: tests
 # wait (timeouts, signals, a browser) for a fifth of their time, and a third worker fills it (2 cores, same
-# run: 3 workers 630 s, 2 workers 724 s; a fourth gains nothing: 647 s against 644 s). JOBS=1 runs everything in one process.
+# run: 3 workers 630 s, 2 workers 724 s; a fourth gains nothing: 647 s against 644 s). JOBS=1 runs
+# everything in one process.
 JOBS        ?= 3
 XDIST       := $(if $(filter-out 1,$(JOBS)),-n $(JOBS))
 
