@@ -15,9 +15,9 @@ A score is always reported: `plugin.py` records each cell as it completes; a cel
 interrupted (cell timeout) or its kernel killed; a cell that kills the kernel, or has to be
 killed, is skipped on a rerun so later exercises are still graded, all within the notebook's
 wall-clock limit (runner.py). Nothing outlives the command, however it ends: SIGINT, SIGTERM and
-SIGHUP (unless started under `nohup`) stop it cleanly (every descendant killed, daemons included: it is a child subreaper; exit
-128 + the signal's number), and on SIGKILL the chain of parent-death signals takes the nbval
-process, then its kernel, then the kernel's ranks.
+SIGHUP (unless started under `nohup`) stop it cleanly (every descendant killed, daemons included:
+it is a child subreaper; exit 128 + the signal's number), and on SIGKILL the chain of parent-death
+signals takes the nbval process, then its kernel, then the kernel's ranks.
 """
 
 from __future__ import annotations

@@ -8,10 +8,10 @@ Nothing it starts outlives it. Each kernel is tethered (`m11_helpers.tools.kerne
 process is killed, even with SIGKILL, a supervisor kills the kernel and everything the notebook
 started (ranks, torchrun agents, helpers). While it runs it is a child subreaper, so whatever a kernel
 leaves behind re-parents here; after each notebook, and on SIGINT (Ctrl-C), SIGTERM or SIGHUP (a
-closed terminal; not under `nohup`), it kills every descendant and exits. The notebooks run in a worker thread so
-that these handlers stay ours: in the main thread nbclient installs its own SIGINT/SIGTERM
-handlers, which shut the current kernel down and go on with the next notebook. Tested in
-tests/test_launch_cleanup.py.
+closed terminal; not under `nohup`), it kills every descendant and exits. The notebooks run in a
+worker thread so that these handlers stay ours: in the main thread nbclient installs its own
+SIGINT/SIGTERM handlers, which shut the current kernel down and go on with the next notebook.
+Tested in tests/test_launch_cleanup.py.
 """
 
 from __future__ import annotations
