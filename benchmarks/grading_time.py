@@ -24,8 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from m11_helpers.grading import sandbox
-from m11_helpers.grading.grader import grade_notebook
+from m11_helpers.grading.engine.grader import grade_notebook
+from m11_helpers.grading.sandbox import isolate as sandbox
 
 ROOT = Path(__file__).resolve().parents[1]
 COLLECT_MIN, INSTALL_MIN, MERGE_MIN = 2.0, 2.5, 1.0  # estimates: 300 repositories 8 at a time; CPU torch; one job

@@ -2,13 +2,13 @@
 
     python benchmarks/guard_cost.py [--repeats 5] [--cells 10]
 
-`m11 grade` runs the guard (m11_helpers/grading/guard.py) before and after every check cell: it restores
+`m11 grade` runs the guard (m11_helpers/grading/guard/driver.py) before and after every check cell: it restores
 what learner code bent, scans every loaded library module for planted notebook code and compares the
 kit's modules with their sources. With torch, accelerate and matplotlib loaded (~1,800 modules, ~170,000
 values) the scan is most of it. Two kernels, each with those imports and its own guard:
 
 - as shipped: the scan passes plain values, library functions and instances of an already judged class
-  without a call (`_NO_CODE`, `_known` in guard_kernel.py), and the kit's sources are compiled once;
+  without a call (`_NO_CODE`, `_known` in guard/kernel.py), and the kit's sources are compiled once;
 - as it was: the same guard's text with those shortcuts taken out (`_NO_CODE` empty, no function passed
   by its file, `_known` answering "don't know", a fresh compile cache every call), so every value goes
   through `_origin` as before (plus two failed comparisons each: the old scan was a little cheaper still).
@@ -25,7 +25,7 @@ import argparse
 import psutil
 from jupyter_client import KernelManager
 
-from m11_helpers.grading.guard import Guard
+from m11_helpers.grading.guard.driver import Guard
 from m11_helpers.timing import Timing
 
 IMPORTS = ("import torch, torch.distributed as dist, accelerate, matplotlib.pyplot as plt\n"

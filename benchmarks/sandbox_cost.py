@@ -20,8 +20,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from m11_helpers.grading import sandbox
-from m11_helpers.grading.grader import grade_notebook
+from m11_helpers.grading.engine.grader import grade_notebook
+from m11_helpers.grading.sandbox import isolate as sandbox
 from m11_helpers.timing import time_it
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -166,7 +166,7 @@ def test_nothing_refers_outside_the_repository():
 # Files whose `isinstance(x, bool)` is not an argument check, and why (anything else goes through validate).
 BOOL_TESTS_OK = {
     "display.py": "formats table cells: a bool is shown as True/False and is not a numeric column",
-    "grading/exercises.py": "reports bad notebook metadata (points) in a list of problems; it raises nothing",
+    "grading/authoring/exercises.py": "reports bad notebook metadata (points) in a list of problems; it raises nothing",
 }
 HAND_CHECK = re.compile(r"^(_positive\w*|_check_pos\w*|_check_n)$")
 
@@ -188,3 +188,70 @@ def test_argument_checks_go_through_validate():
                     bad.append(f"{rel}:{node.lineno}: {ast.unparse(node)}")
     assert not bad, ("check arguments with m11_helpers.validate (positive_int, positive_real, fraction, one_of, …) "
                      "instead of by hand:\n" + "\n".join(bad))
+
+
+def test_grading_rooms_say_who_they_serve_share_no_private_names_and_import_in_one_direction():
+    """grading/ in rooms (CONTRIBUTING, "The grading route"): each room's `__init__` is its docstring alone;
+    no file imports, or reads through a module, another file's private name; no import circle among the
+    grading modules; the rooms import one way (the top level, the check-cell API and its vocabularies,
+    imports no room) and none imports a room that imports it back."""
+    grading = PKG / "grading"
+    rooms = sorted(p.parent.name for p in grading.glob("*/__init__.py"))
+    assert rooms and "templates" not in rooms
+    bad = []
+    for room in rooms:
+        tree = ast.parse((grading / room / "__init__.py").read_text(encoding="utf-8"))
+        doc = ast.get_docstring(tree) or ""
+        if not doc or len(tree.body) != 1:
+            bad.append(f"grading/{room}/__init__.py: a docstring saying who uses the room and what it may import, "
+                       "and nothing else")
+    mods = {m: p for m, p in modules().items() if m.startswith("grading.")}
+
+    def room_of(mod: str) -> str:
+        parts = mod.split(".")
+        return parts[1] if len(parts) > 2 or parts[1] in rooms else "top"
+
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for mod, path in mods.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        bound = {}  # local name -> grading module it stands for
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("m11_helpers.grading"):
+                source = node.module.removeprefix("m11_helpers.")
+                for a in node.names:
+                    sub = f"{source}.{a.name}"
+                    target = sub if sub in mods else source
+                    if target in mods and target != mod:
+                        graph[mod].add(target)
+                    if sub in mods:
+                        bound[a.asname or a.name] = sub
+                    elif a.name.startswith("_"):
+                        bad.append(f"{mod} imports the private name {a.name} from {source}")
+            elif isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name.removeprefix("m11_helpers.") in mods:
+                        graph[mod].add(a.name.removeprefix("m11_helpers."))
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in bound
+                    and node.attr.startswith("_") and not node.attr.startswith("__")):
+                bad.append(f"{mod} reads the private name {bound[node.value.id]}.{node.attr}")
+    state: dict[str, int] = {}
+
+    def circle(m: str, path: list[str]) -> list[str] | None:
+        state[m] = 1
+        for d in sorted(graph[m]):
+            if state.get(d) == 1:
+                return path + [m, d]
+            if d not in state and (found := circle(d, path + [m])):
+                return found
+        state[m] = 2
+        return None
+
+    for m in sorted(graph):
+        if m not in state and (found := circle(m, [])):
+            bad.append("import circle: " + " -> ".join(found))
+    reach = {r: {room_of(d) for m in graph if room_of(m) == r for d in graph[m]} - {r} for r in [*rooms, "top"]}
+    bad += [f"the top level (check-cell API) imports the room {r}" for r in sorted(reach["top"])]
+    bad += [f"rooms {a} and {b} import each other" for a in rooms for b in sorted(reach[a]) if b != "top"
+            and a < b and a in reach.get(b, set())]
+    assert not bad, "\n".join(bad)

@@ -28,9 +28,13 @@ import nbformat
 import psutil
 import pytest
 
-from m11_helpers.grading import checks, exercises, grader, plain, runenv
-from m11_helpers.grading.guard import defined_names, free_names, library_roots
-from m11_helpers.grading.runner import RUN_ENV
+from m11_helpers.grading import checks, plain, runenv
+from m11_helpers.grading.authoring import exercises
+from m11_helpers.grading.cells import CHECK, exercise_of, role_of
+from m11_helpers.grading.classroom import command
+from m11_helpers.grading.engine import grader
+from m11_helpers.grading.engine.runner import RUN_ENV
+from m11_helpers.grading.guard.driver import defined_names, free_names, library_roots
 from m11_helpers.procs import subreaper
 from m11_helpers.tools.notebooks import dumps, from_percent
 
@@ -47,7 +51,7 @@ def work(tmp_path: Path) -> Path:
 
 def _grade(work: Path, *args: str) -> tuple[int, dict]:
     out = work / "reports"
-    rc = grader.main([*args, "--source", str(work / "solutions"), "--out", str(out)])
+    rc = command.main([*args, "--source", str(work / "solutions"), "--out", str(out)])
     data = json.loads((out / "report.json").read_text()) if (out / "report.json").exists() else {}
     return rc, data
 
@@ -215,8 +219,7 @@ def test_duplicate_exercise_ids_are_rejected() -> None:
 def test_prepare_restores_edited_and_deleted_checks() -> None:
     solution = nbformat.read(DATA / "solutions" / NB, as_version=4)
     learner = nbformat.read(DATA / "submissions" / "wrong" / NB, as_version=4)
-    learner.cells = [c for c in learner.cells if c.metadata.get("m11", {}).get("role") != "check"
-                     or c.metadata["m11"]["exercise"] != "0.1"]  # deleted the 0.1 test
+    learner.cells = [c for c in learner.cells if role_of(c) != CHECK or exercise_of(c) != "0.1"]  # deleted the 0.1 test
     graded, plans = grader.prepare(learner, solution)
     assert [(p.exercise, p.max_points) for p in plans] == [("0.1", 2.0), ("0.2", 3.0)]
     for plan in plans:
@@ -229,7 +232,7 @@ def test_class_solution_full_marks_wrong_partial(work: Path) -> None:
     for student, folder in [("ada", work / "solutions"), ("bob", work / "submissions" / "wrong")]:
         (work / "class" / student).mkdir(parents=True)
         shutil.copy(folder / NB, work / "class" / student / NB)
-    rc = grader.main(["--class", str(work / "class"), "--source", str(work / "solutions"),
+    rc = command.main(["--class", str(work / "class"), "--source", str(work / "solutions"),
                       "--out", str(work / "reports"), "--cell-timeout", "20"])
     assert rc == 0
     rows = list(csv.DictReader(open(work / "reports" / "class.csv")))
@@ -295,15 +298,15 @@ def test_megabyte_printer_is_graded_and_truncated(work: Path) -> None:
 
 
 def test_bad_arguments_exit_2(work: Path, capsys) -> None:
-    assert grader.main([]) == 2
-    assert grader.main([str(work / "missing")]) == 2
-    assert grader.main([str(work / "exercises"), "--min-score", "150"]) == 2
+    assert command.main([]) == 2
+    assert command.main([str(work / "missing")]) == 2
+    assert command.main([str(work / "exercises"), "--min-score", "150"]) == 2
     assert "allowed 0..100" in capsys.readouterr().err
 
 
 def test_reports_are_written_from_the_result_types(tmp_path: Path) -> None:
-    from m11_helpers.grading import plugin, report
-    from m11_helpers.grading.results import ExerciseResult, NotebookResult
+    from m11_helpers.grading.engine import plugin, report
+    from m11_helpers.grading.engine.results import ExerciseResult, NotebookResult
 
     res = NotebookResult("00_demo.ipynb", [ExerciseResult("0.1", 2, 2, "passed"),
                                            ExerciseResult("0.2", 0, 3, "failed", "Exercise 0.2: wrong\n  hint: x")])
@@ -353,7 +356,7 @@ def tampered(tmp_path_factory) -> tuple[dict, Path]:
     work = tmp_path_factory.mktemp("tamper")
     shutil.copytree(DATA / "submissions" / "tamper", work / "submission")
     out = work / "reports"
-    grader.main([str(work / "submission"), "--source", str(DATA / "tamper_source"), "--out", str(out),
+    command.main([str(work / "submission"), "--source", str(DATA / "tamper_source"), "--out", str(out),
                  "--cell-timeout", "60"])
     return json.loads((out / "report.json").read_text()), out
 
@@ -383,7 +386,9 @@ def test_tampering_is_flagged_in_every_report(tampered) -> None:
 
 
 def test_guard_code_imports_cleanly_and_is_what_the_kernel_gets() -> None:
-    from m11_helpers.grading import guard, guard_kernel, guard_ledger
+    from m11_helpers.grading.guard import driver as guard
+    from m11_helpers.grading.guard import kernel as guard_kernel
+    from m11_helpers.grading.guard import ledger as guard_ledger
 
     assert guard_kernel.A == {} and not hasattr(guard_ledger, "OUT")  # imported, it runs nothing
     parts = guard.Guard(None).parts
@@ -392,16 +397,51 @@ def test_guard_code_imports_cleanly_and_is_what_the_kernel_gets() -> None:
         compile(text, "<m11-guard>", "exec")
 
 
+def test_the_guard_verifies_every_module_added_to_the_launcher_or_the_check_cell_api(tmp_path, monkeypatch) -> None:
+    """`VERIFIED` is derived from the files on disk (guard/driver.py): today's launcher modules the old hand-written
+    list missed are in, a module a contributor adds tomorrow is in with what it imports, and an in-kernel
+    `_verify` of one of them finds and undoes a patch."""
+    from m11_helpers.grading.guard import driver, ledger
+    from m11_helpers.grading.guard import kernel as gk
+    from m11_helpers.launch import watch
+
+    assert {"m11_helpers.launch.watch", "m11_helpers.launch.results", "m11_helpers.grading.faults",
+            "m11_helpers.procs"} <= set(driver.VERIFIED)
+    package = Path(driver.__file__).resolve().parents[2]  # a copy of the package with one launcher module more
+    tree = tmp_path / "m11_helpers"
+    tree.mkdir()
+    for entry in package.iterdir():
+        if entry.name not in ("launch", "grading"):
+            (tree / entry.name).symlink_to(entry)
+    shutil.copytree(package / "launch", tree / "launch")
+    (tree / "grading").mkdir()
+    for f in (package / "grading").glob("*.py"):
+        (tree / "grading" / f.name).symlink_to(f)
+    (tree / "launch" / "elastic.py").write_text("from m11_helpers.tether import tethered\n__all__ = ['grow']\n")
+    (tree / "grading" / "hints.py").write_text('"""a new check-cell module"""\n')
+    monkeypatch.setattr(driver, "_PACKAGE", tree)
+    found = driver.verified_modules()
+    assert {"m11_helpers.launch.elastic", "m11_helpers.grading.hints", "m11_helpers.tether"} <= set(found)
+    assert "m11_helpers.launch.elastic" in driver.kernel_facing_modules()
+    real = watch.collect
+    monkeypatch.setattr(watch, "collect", lambda *a, **k: [])  # a notebook's stand-in for the rank watcher
+    gk.FOUND.clear()
+    ledger._verify("m11_helpers.launch.watch", Path(watch.__file__).read_text(encoding="utf-8"), {})
+    assert gk.FOUND == ["m11_helpers.launch.watch was patched (collect)"]
+    assert watch.collect.__code__ == real.__code__  # put back from the installed source
+    gk.FOUND.clear()
+
+
 def test_the_module_scan_finds_notebook_code_wherever_its_shortcuts_pass_by(monkeypatch) -> None:
     """The scan passes plain values, library functions and instances of classes it already judged without
-    `_origin` (guard_kernel.py, `_NO_CODE`, `_known`). Notebook code planted behind each shortcut, one plant
+    `_origin` (guard/kernel.py, `_NO_CODE`, `_known`). Notebook code planted behind each shortcut, one plant
     at a time and then all together, is found and named, also when a metaclass claims its class is `str`
     and when the `types` module's names were rebound; the plain values and library code beside it are not."""
     import functools
     import json as library  # a library module: its functions' files lie in the interpreter's folders
     import types
 
-    from m11_helpers.grading import guard_kernel as gk
+    from m11_helpers.grading.guard import kernel as gk
 
     notebook = {"ModuleType": types.ModuleType}  # code compiled as IPython compiles a cell
     exec(compile("def planted(x):\n    return x\nclass Mine:\n    def go(self):\n        return 1\n"
@@ -433,12 +473,12 @@ def test_the_module_scan_finds_notebook_code_wherever_its_shortcuts_pass_by(monk
     monkeypatch.setattr(gk, "sys", fake_sys)
     monkeypatch.setattr(gk, "ROOTS", tuple(library_roots()))
     monkeypatch.setattr(types, "FunctionType", int)  # the notebook rebinds the `types` module's names: the guard
-    monkeypatch.setattr(types, "ModuleType", int)  # takes its types from objects of its own (guard_kernel.py)
+    monkeypatch.setattr(types, "ModuleType", int)  # takes its types from objects of its own (guard/kernel.py)
 
     def scan() -> set[str]:
         for cache in (gk.FOUND, gk._files, gk._types):  # one guard call's state (the kernel runs it afresh)
             cache.clear()
-        gk._scan_modules()
+        gk.scan_modules()
         return {f.split(" was replaced")[0] for f in gk.FOUND}
 
     assert scan() == set()  # plain values and library code only
@@ -455,7 +495,7 @@ def test_the_guard_benchmark_can_still_take_the_shortcuts_out() -> None:
     must still find what they replace, or the benchmark would measure nothing (it asserts as much)."""
     import importlib.util
 
-    from m11_helpers.grading.guard import Guard
+    from m11_helpers.grading.guard.driver import Guard
 
     spec = importlib.util.spec_from_file_location("guard_cost", DATA.parents[2] / "benchmarks" / "guard_cost.py")
     bench = importlib.util.module_from_spec(spec)

@@ -29,9 +29,12 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from m11_helpers.grading import ci, classroom, collect, sandbox
-from m11_helpers.grading.exercises import make_exercise
-from m11_helpers.grading.integrity import inspect
+from m11_helpers.grading.authoring.exercises import make_exercise
+from m11_helpers.grading.cells import CHECK, POINTS, SOLUTION, exercise_of, m11_meta, role_of
+from m11_helpers.grading.classroom import ci, collect
+from m11_helpers.grading.classroom import grade_class as classroom
+from m11_helpers.grading.classroom.integrity import inspect
+from m11_helpers.grading.sandbox import isolate as sandbox
 from support.installs import only_installed, provided_imports
 
 yaml = pytest.importorskip("yaml", reason="PyYAML (a jupyter_events dependency) is needed to read the workflow")
@@ -154,7 +157,7 @@ def test_each_job_installs_what_its_commands_import(tmp_path: Path) -> None:
         commands = dict.fromkeys(re.findall(r"m11_helpers\.grading\.ci (\w+)", "\n".join(runs[job])))
         env = only_installed(runs[job], tmp_path / job, dict(os.environ, M11_GRADE_SANDBOX="auto"))
         for command in commands:
-            proc = subprocess.run([sys.executable, "-m", "m11_helpers.grading.ci", command, *argv[command]], env=env,
+            proc = subprocess.run([sys.executable, "-m", "m11_helpers.grading.classroom.ci", command, *argv[command]], env=env,
                                   cwd=tmp_path, capture_output=True, text=True, timeout=300)
             assert proc.returncode == 0, f"{job}: ci {command}: {proc.stderr[-2000:]}"
             ran.append(command)
@@ -169,16 +172,15 @@ def answered(edit: bool) -> nbformat.NotebookNode:
     answers; `edit`: 1.2 left unanswered (its stub) and its check "fixed", the 1.3 check deleted."""
     sol = nbformat.read(REPO / "solutions" / LESSON, as_version=4)
     nb = make_exercise(sol, LESSON)
-    answers = {c.metadata["m11"]["exercise"]: c.source for c in sol.cells
-               if c.metadata.get("m11", {}).get("role") == "solution" and c.cell_type == "code"}
+    answers = {exercise_of(c): c.source for c in sol.cells if role_of(c) == SOLUTION and c.cell_type == "code"}
     cells = []
     for c in nb.cells:
-        meta = c.metadata.get("m11", {})
-        if meta.get("role") == "solution" and c.cell_type == "code" and not (edit and meta["exercise"] == "1.2"):
-            c.source = answers[meta["exercise"]]
-        if edit and meta.get("role") == "check" and meta["exercise"] == "1.2":
+        role, ex = role_of(c), exercise_of(c)
+        if role == SOLUTION and c.cell_type == "code" and not (edit and ex == "1.2"):
+            c.source = answers[ex]
+        if edit and role == CHECK and ex == "1.2":
             c.source = 'passed("1.2", points=2)'
-        if not (edit and meta.get("role") == "check" and meta["exercise"] == "1.3"):
+        if not (edit and role == CHECK and ex == "1.3"):
             cells.append(c)
     nb.cells = cells
     return nb
@@ -187,8 +189,8 @@ def answered(edit: bool) -> nbformat.NotebookNode:
 def points(exercise: str | None) -> float:
     """The points of one exercise of the lesson (None: all of them)."""
     sol = nbformat.read(REPO / "solutions" / LESSON, as_version=4)
-    return sum(float(c.metadata["m11"].get("points", 0)) for c in sol.cells if c.metadata.get("m11", {}).get(
-        "role") == "check" and exercise in (None, c.metadata["m11"]["exercise"]))
+    return sum(float(m11_meta(c).get(POINTS, 0)) for c in sol.cells
+               if role_of(c) == CHECK and exercise in (None, exercise_of(c)))
 
 
 def test_workflow_collects_once_grades_in_a_matrix_merges_and_keeps_the_token_in_one_step() -> None:

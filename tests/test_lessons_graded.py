@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from m11_helpers.grading.exercises import main as make_exercises
-from m11_helpers.grading.grader import grade_notebook
+from m11_helpers.grading.authoring.exercises import main as make_exercises
+from m11_helpers.grading.engine.grader import grade_notebook
 
 ROOT = Path(__file__).resolve().parents[1]
 SOLUTIONS = sorted((ROOT / "solutions").glob("[0-9][0-9]_*.ipynb"))

@@ -25,8 +25,12 @@ from pathlib import Path
 import psutil
 import pytest
 
-from m11_helpers.grading import classroom, grader, sandbox, walls
-from m11_helpers.grading.sandbox import GIB, Limits
+from m11_helpers.grading.classroom import command
+from m11_helpers.grading.classroom import grade_class as classroom
+from m11_helpers.grading.engine import grader
+from m11_helpers.grading.sandbox import isolate as sandbox
+from m11_helpers.grading.sandbox import walls
+from m11_helpers.grading.sandbox.isolate import GIB, Limits
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).parent / "data" / "grading"
@@ -237,7 +241,7 @@ def test_hostile_class_scores_only_honest_work_and_leaves_every_file_intact(tmp_
     (old / "report.json").write_text('{"score": 5}')
     before = tree(klass, tmp_path / "solutions")
     out = tmp_path / "reports"
-    assert grader.main(["--class", str(klass), "--source", str(tmp_path / "solutions"), "--out", str(out),
+    assert command.main(["--class", str(klass), "--source", str(tmp_path / "solutions"), "--out", str(out),
                         "--cell-timeout", "15"]) == 0
     assert tree(klass, tmp_path / "solutions") == before
     assert not (REPO / "solutions" / "PWNED.txt").exists()  # the package itself: blocked, see its why below
@@ -269,7 +273,7 @@ def test_class_of_three_honest_full_hostile_and_empty_zero(tmp_path, monkeypatch
                               "empty": REPO / "exercises" / "00_welcome.ipynb"})
     before = tree(klass, REPO / "solutions" / "00_welcome.ipynb")
     out = tmp_path / "reports"
-    assert grader.main(["--class", str(klass), "--source", str(REPO / "solutions"), "--out", str(out)]) == 0
+    assert command.main(["--class", str(klass), "--source", str(REPO / "solutions"), "--out", str(out)]) == 0
     assert tree(klass, REPO / "solutions" / "00_welcome.ipynb") == before
     rows = class_rows(out)
     assert {s: (r["score"], r["max"], r["status"]) for s, r in rows.items()} == {
@@ -307,4 +311,4 @@ def test_without_isolation_the_report_says_so_loudly_and_require_refuses(tmp_pat
     report = (out / "ada" / "report.md").read_text()
     assert "WARNING: NOT ISOLATED (simulated: no bubblewrap)" in report and "solutions/" in report
     monkeypatch.setenv("M11_GRADE_SANDBOX", "require")
-    assert grader.main(["--class", str(klass), "--source", str(DATA / "solutions"), "--out", str(out)]) == 2
+    assert command.main(["--class", str(klass), "--source", str(DATA / "solutions"), "--out", str(out)]) == 2

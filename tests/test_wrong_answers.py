@@ -1,6 +1,6 @@
 """Every exercise's recorded wrong answers score 0 with a hint that names the mistake; the solution scores full marks.
 
-One graded run per lesson (`m11_helpers.grading.wrong_answers.run_wrong_answers`, through the grader's
+One graded run per lesson (`m11_helpers.grading.authoring.wrong_answers.run_wrong_answers`, through the grader's
 own runner, plugin and tamper guard): the solution notebook runs top to bottom once (every check
 passes), then each wrong answer replaces its exercise's solution cell and the exercise's checks
 (hidden tests included) must fail with the recorded hint. A sample proves that this gives `m11
@@ -15,9 +15,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from m11_helpers.grading.exercises import m11_meta
-from m11_helpers.grading.grader import grade_notebook
-from m11_helpers.grading.wrong_answers import NOTEBOOK_TIMEOUT, parse, run_wrong_answers, wrong_answers_path
+from m11_helpers.grading.authoring.wrong_answers import NOTEBOOK_TIMEOUT, parse, run_wrong_answers, wrong_answers_path
+from m11_helpers.grading.cells import CHECK, SOLUTION, exercise_of, role_of
+from m11_helpers.grading.engine.grader import grade_notebook
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -63,7 +63,7 @@ def test_parse_reads_headers_and_rejects_malformed_ones():
 @pytest.mark.parametrize("solution", SOLUTIONS, ids=[p.stem for p in SOLUTIONS])
 def test_every_exercise_records_two_wrong_answers(solution):
     nb = nbformat.read(solution, as_version=4)
-    exercises = {str(m11_meta(c)["exercise"]) for c in nb.cells if m11_meta(c).get("role") == "check"}
+    exercises = {exercise_of(c) for c in nb.cells if role_of(c) == CHECK}
     answers = _answers(solution)
     counts = {ex: sum(a.exercise == ex for a in answers) for ex in exercises}
     assert all(n >= 2 for n in counts.values()), f"fewer than two wrong answers: {counts}"
@@ -102,8 +102,7 @@ def test_one_kernel_verdict_equals_m11_grade_on_the_substituted_notebook(solutio
     verdicts = _runs[solution][1] if solution in _runs else run_wrong_answers(solution, [answer])[1]
     verdict = next(v for v in verdicts if v.answer == answer)
     nb = nbformat.read(solution, as_version=4)
-    cells = [c for c in nb.cells if m11_meta(c).get("role") == "solution"
-             and str(m11_meta(c).get("exercise")) == answer.exercise]
+    cells = [c for c in nb.cells if role_of(c) == SOLUTION and exercise_of(c) == answer.exercise]
     cells[answer.cell].source = answer.source
     nbformat.write(nb, tmp_path / solution.name)
     graded = grade_notebook(tmp_path / solution.name, solution.parent, cell_timeout=120,

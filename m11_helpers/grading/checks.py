@@ -18,7 +18,7 @@ type (numpy scalars, `torch.dtype`) as it is; anything else only if it is the ex
 class. What a class says about itself (`__module__`) is never trusted: an `int` subclass whose `__eq__`
 says True, or a tensor subclass (or a torch function mode left on) that answers `allclose` itself,
 would otherwise pass any check. Check cells must not catch these failures: under `m11 grade` a check
-cell passes only if its own code reaches `passed(...)` with no failed check on the way (guard.py).
+cell passes only if its own code reaches `passed(...)` with no failed check on the way (guard/driver.py).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import Any, Iterator
 
 from m11_helpers.grading.plain import Foreign, Named, as_written, plain, qualname
 
-__all__ = ["expect_close", "expect_equal", "expect_true", "passed", "checking", "NOT_IMPLEMENTED"]
+__all__ = ["expect_close", "expect_equal", "expect_true", "passed", "checking", "fail", "NOT_IMPLEMENTED"]
 
 NOT_IMPLEMENTED = "not implemented yet"
 
@@ -40,8 +40,9 @@ def _show(x: Any) -> str:
     return text if len(text) <= 300 else text[:300] + " …"
 
 
-def _fail(exercise: str, what: str, expected: Any = None, got: Any = None, hint: str = "",
-          show_values: bool = True) -> None:
+def fail(exercise: str, what: str, expected: Any = None, got: Any = None, hint: str = "",
+         show_values: bool = True) -> None:
+    """Raise the AssertionError every check raises: the exercise, what is wrong, expected, got, a hint."""
     lines = [f"Exercise {exercise}: {what}"]
     if show_values:
         lines += [f"  expected: {_show(expected)}", f"  got:      {_show(got)}"]
@@ -53,9 +54,9 @@ def _fail(exercise: str, what: str, expected: Any = None, got: Any = None, hint:
 def _special_got(got: Any, name: str, exercise: str, expected: Any, hint: str) -> None:
     """Explain the two answers that mean 'no answer yet' before comparing anything."""
     if got is NotImplemented:
-        _fail(exercise, f"{name} is {NOT_IMPLEMENTED} (got NotImplemented).", expected, got, hint)
+        fail(exercise, f"{name} is {NOT_IMPLEMENTED} (got NotImplemented).", expected, got, hint)
     if got is None and expected is not None:
-        _fail(exercise, f"{name} is None: did the function forget to `return` its result?",
+        fail(exercise, f"{name} is None: did the function forget to `return` its result?",
               expected, got, hint)
 
 
@@ -155,7 +156,7 @@ def expect_close(got: Any, expected: Any, name: str, *, exercise: str, hint: str
     _special_got(got, name, exercise, expected, hint)
     why, got = _judge(got, expected, name, lambda g: _compare(g, expected, name, rtol, atol))
     if why:
-        _fail(exercise, why + ".", expected, got, hint)
+        fail(exercise, why + ".", expected, got, hint)
 
 
 def expect_equal(got: Any, expected: Any, name: str, *, exercise: str, hint: str = "") -> None:
@@ -163,7 +164,7 @@ def expect_equal(got: Any, expected: Any, name: str, *, exercise: str, hint: str
     _special_got(got, name, exercise, expected, hint)
     why, got = _judge(got, expected, name, lambda g: _equal(g, expected, name))
     if why:
-        _fail(exercise, why + ".", expected, got, hint)
+        fail(exercise, why + ".", expected, got, hint)
 
 
 def expect_true(cond: Any, message: str, *, exercise: str, hint: str = "") -> None:
@@ -171,13 +172,13 @@ def expect_true(cond: Any, message: str, *, exercise: str, hint: str = "") -> No
     try:
         cond = plain(cond, True, "the condition")
     except Foreign as e:
-        _fail(exercise, f"{e}.", hint=hint, show_values=False)
+        fail(exercise, f"{e}.", hint=hint, show_values=False)
     torch = sys.modules.get("torch")
     if type(cond) is getattr(torch, "Tensor", None):
         with as_written(torch):
             cond = bool(cond)
     if not cond:
-        _fail(exercise, f"expected {message}.", hint=hint, show_values=False)
+        fail(exercise, f"expected {message}.", hint=hint, show_values=False)
 
 
 def passed(exercise: str, points: float | None = None) -> str:

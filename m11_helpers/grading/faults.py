@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from m11_helpers.grading.checks import _fail
+from m11_helpers.grading.checks import fail
 from m11_helpers.launch.base import LaunchError, LaunchTimeout
 from m11_helpers.launch.fork import launch
 from m11_helpers.procs import die_with_parent
@@ -72,7 +72,7 @@ def expect_no_deadlock(fn: Callable, *args: Any, exercise: str, nbytes: int = 8 
         what = DEADLOCK if not where or set(where.values()) <= _P2P else "the ranks hung (a deadlock or a loop)"
         waited = (f"every rank sat idle, waiting, for {stall_timeout:g} s" if set(e.failures.values()) == {"stalled"}
                   else f"still waiting after {timeout:g} s")
-        _fail(exercise, f"{what}: {waited} with a {nbytes / 2**20:g} MiB message "
+        fail(exercise, f"{what}: {waited} with a {nbytes / 2**20:g} MiB message "
               f"({stuck})", hint=hint or "post the receive first, or use dist.isend and wait after the "
                                            "receive, or pair the ranks: even ranks send first, odd ranks receive first",
               show_values=False)
@@ -223,7 +223,7 @@ def expect_atomic_save(save: Callable, path: str | os.PathLike, *, exercise: str
     """Fail the check unless every SIGKILL during `save` leaves `path` loadable (old or new), never torn."""
     report = crash_during_save(save, path, obj, kills=kills, seed=seed, load=load)
     if not report.ok:
-        _fail(exercise, f"not crash-safe: {report.explain()}.", show_values=False,
+        fail(exercise, f"not crash-safe: {report.explain()}.", show_values=False,
               hint=hint or "write a temporary file in the same folder, flush and fsync it, then os.replace it "
                            "over the target")
     return report

@@ -19,7 +19,7 @@ Why: `class Anything(int): __module__ = "builtins"; __eq__ = lambda s, o: True` 
 when plain meant "its `__module__` names a library", and so did a `torch.Tensor` subclass claiming
 `__module__ = "torch"` whose `__torch_function__` answers `torch.allclose` with True. `as_written(torch)`
 runs the comparisons with every torch function and dispatch mode off, so a mode the notebook left on
-cannot answer for them either. The guard (guard.py) verifies this module like checks.py itself.
+cannot answer for them either. The guard (guard/driver.py) verifies this module like checks.py itself.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import contextlib
 import sys
 from typing import Any, Iterator
 
-__all__ = []  # checks.py is its one user; guard.py reads a verified module's __all__ as names a notebook may not rebind
+__all__ = []  # checks.py is its one user; guard/driver.py reads a verified module's __all__ as names a notebook may not rebind
 
 # (module-level values stay plain data: the guard compares this module's globals with a fresh run of its source)
 _IMMUTABLE = 1 << 8  # Py_TPFLAGS_IMMUTABLETYPE: set on types written in C, never on a class a notebook makes

@@ -23,8 +23,8 @@ from m11_helpers.tools.paths import NotInRepository
 COMMANDS = {
     "doctor": ("m11_helpers.tools.doctor", "main", "what will run where, and what is missing"),
     "course": ("m11_helpers.tools.course", "main", "execute every course notebook headless and build the slides"),
-    "make-exercises": ("m11_helpers.grading.exercises", "main", "regenerate exercises/ from solutions/"),
-    "grade": ("m11_helpers.grading.grader", "main", "autograde notebooks and write score reports"),
+    "make-exercises": ("m11_helpers.grading.authoring.exercises", "main", "regenerate exercises/ from solutions/"),
+    "grade": ("m11_helpers.grading.classroom.command", "main", "autograde notebooks and write score reports"),
     "slides": ("m11_helpers.tools.slides", "main", "build offline reveal.js decks into build/slides/"),
     "nbclean": ("m11_helpers.tools.notebooks", "main", "strip volatile outputs and metadata from notebooks"),
     "new-lesson": ("m11_helpers.tools.new_lesson", "main", "write a lesson skeleton that passes the suite"),

@@ -82,7 +82,7 @@ def create_lesson(root: Path, number: str, topic: str, title: str, run: bool = T
         course = root / "course" / f"{stem}.ipynb"
         course.write_text(dumps(clean(refresh(lesson, cwd=root / "course"))), encoding="utf-8")
     written += _add_rows(root, number, topic, stem, title)
-    from m11_helpers.grading.exercises import sync
+    from m11_helpers.grading.authoring.exercises import sync
 
     written += sync(root / "solutions", root / "exercises")
     return written

@@ -48,11 +48,13 @@ import nbformat
 from nbformat import NotebookNode
 from nbformat.reader import NotJSONError
 
+from m11_helpers.grading.cells import CHECK_OUTPUT, META
+
 __all__ = ["CHECK_MARKER", "clean", "dumps", "is_clean", "find_notebooks", "from_percent",
            "is_checked", "refresh", "main"]
 
-CHECK_MARKER = "# NBVAL_CHECK_OUTPUT"
-KEPT_CELL_METADATA = ("slideshow", "tags", "m11")
+CHECK_MARKER = CHECK_OUTPUT  # the cell vocabulary is grading/cells.py's
+KEPT_CELL_METADATA = ("slideshow", "tags", META)
 SLIDE_TYPES = ("slide", "subslide", "fragment", "-", "skip", "notes")
 KERNELSPEC = {"display_name": "Python 3", "language": "python", "name": "python3"}
 
@@ -169,7 +171,7 @@ def _parse_options(text: str, lineno: int) -> tuple[str, dict]:
             if value not in SLIDE_TYPES:
                 raise ValueError(f"line {lineno}: slide={value!r}; allowed: {', '.join(SLIDE_TYPES)}")
             meta["slideshow"] = {"slide_type": value}
-        elif key in ("slideshow", "m11") and isinstance(value, dict):
+        elif key in ("slideshow", META) and isinstance(value, dict):
             meta[key] = value
         elif key == "tags" and isinstance(value, list):
             meta[key] = value

@@ -1,4 +1,4 @@
-"""Recorded wrong answers for solutions/00_welcome.ipynb (format: m11_helpers/grading/wrong_answers.py)."""
+"""Recorded wrong answers for solutions/00_welcome.ipynb (format: m11_helpers/grading/authoring/wrong_answers.py)."""
 
 # %% 0.1 | forgets to divide by the world size | expect: divide by
 def average(t: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""Recorded wrong answers for solutions/01_hardware.ipynb (format: m11_helpers/grading/wrong_answers.py)."""
+"""Recorded wrong answers for solutions/01_hardware.ipynb (format: m11_helpers/grading/authoring/wrong_answers.py)."""
 
 # %% 1.1 | reads the datasheet's "80 GB" as 80 × 10⁹ bytes (HBM is binary) | expect: 2**30
 def largest_model(datasheet_gb: float, mode: str, reserve: float = 0.0) -> int:

@@ -1,4 +1,4 @@
-"""Recorded wrong answers for solutions/02_collectives.ipynb (format: m11_helpers/grading/wrong_answers.py)."""
+"""Recorded wrong answers for solutions/02_collectives.ipynb (format: m11_helpers/grading/authoring/wrong_answers.py)."""
 
 # %% 2.1 | direct exchange: sends chunk j straight to rank j (right numbers, same bytes, no ring) | expect: right-hand neighbour
 def my_ring_reduce_scatter(x: torch.Tensor) -> torch.Tensor:

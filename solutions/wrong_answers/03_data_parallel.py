@@ -1,4 +1,4 @@
-"""Recorded wrong answers for solutions/03_data_parallel.ipynb (format: m11_helpers/grading/wrong_answers.py)."""
+"""Recorded wrong answers for solutions/03_data_parallel.ipynb (format: m11_helpers/grading/authoring/wrong_answers.py)."""
 
 # %% 3.1 | delegates to torch's DistributedSampler | expect: yourself
 def epoch_shard(n: int, world_size: int, rank: int, epoch: int, seed: int = 0, drop_last: bool = False) -> list[int]:

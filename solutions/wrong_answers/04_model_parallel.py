@@ -1,4 +1,4 @@
-"""Recorded wrong answers for solutions/04_model_parallel.ipynb (format: m11_helpers/grading/wrong_answers.py)."""
+"""Recorded wrong answers for solutions/04_model_parallel.ipynb (format: m11_helpers/grading/authoring/wrong_answers.py)."""
 
 # %% 4.1 | g's backward also all-reduces | expect: g's backward
 class CopyToTP(torch.autograd.Function):

@@ -1,4 +1,4 @@
-"""Recorded wrong answers for solutions/05_zero_fsdp.ipynb (format: m11_helpers/grading/wrong_answers.py)."""
+"""Recorded wrong answers for solutions/05_zero_fsdp.ipynb (format: m11_helpers/grading/authoring/wrong_answers.py)."""
 
 # %% 5.1 | shards the gradients from stage 1 (off by one stage) | expect: and nothing else
 def per_gpu_bytes(num_params, world_size, stage, layout):

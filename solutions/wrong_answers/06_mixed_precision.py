@@ -1,4 +1,4 @@
-"""Recorded wrong answers for solutions/06_mixed_precision.ipynb (format: m11_helpers/grading/wrong_answers.py)."""
+"""Recorded wrong answers for solutions/06_mixed_precision.ipynb (format: m11_helpers/grading/authoring/wrong_answers.py)."""
 
 # %% 6.1 | keeps the counter after an overflow | expect: resets the counter to 0
 def next_scale(scale, growth_tracker, found_inf, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000):

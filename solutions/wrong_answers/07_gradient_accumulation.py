@@ -1,4 +1,4 @@
-"""Recorded wrong answers for solutions/07_gradient_accumulation.ipynb (format: m11_helpers/grading/wrong_answers.py)."""
+"""Recorded wrong answers for solutions/07_gradient_accumulation.ipynb (format: m11_helpers/grading/authoring/wrong_answers.py)."""
 
 # %% 7.1 | takes the largest micro-batch that fits and rounds K up | expect: exactly
 def plan_accumulation(global_batch: int, world_size: int, max_micro_batch: int) -> tuple[int, int]:

@@ -1,4 +1,4 @@
-"""Recorded wrong answers for solutions/08_activation_checkpointing.ipynb (format: m11_helpers/grading/wrong_answers.py)."""
+"""Recorded wrong answers for solutions/08_activation_checkpointing.ipynb (format: m11_helpers/grading/authoring/wrong_answers.py)."""
 
 # %% 8.1 | checkpoints the last blocks: the rebuilt block adds to everything kept | expect: checkpoint the first blocks
 def fewest_checkpointed(layers, boundary_bytes, block_bytes, budget_bytes):

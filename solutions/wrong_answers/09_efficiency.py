@@ -1,4 +1,4 @@
-"""Recorded wrong answers for solutions/09_efficiency.ipynb (format: m11_helpers/grading/wrong_answers.py)."""
+"""Recorded wrong answers for solutions/09_efficiency.ipynb (format: m11_helpers/grading/authoring/wrong_answers.py)."""
 
 # %% 9.1 | adds the sums and outputs without re-basing them on the common max | expect: re-base each sum
 def merge_states(a, b):

@@ -1,4 +1,4 @@
-"""Recorded wrong answers for solutions/10_cloud_spot.ipynb (format: m11_helpers/grading/wrong_answers.py)."""
+"""Recorded wrong answers for solutions/10_cloud_spot.ipynb (format: m11_helpers/grading/authoring/wrong_answers.py)."""
 
 # %% 10.1 | rounds Young's interval into a count | expect: Young's τ rounded
 def best_checkpoint_count(work_seconds, checkpoint_seconds, mtbf_seconds):

@@ -1,4 +1,4 @@
-"""Recorded wrong answers for solutions/11_capstone.ipynb (format: m11_helpers/grading/wrong_answers.py)."""
+"""Recorded wrong answers for solutions/11_capstone.ipynb (format: m11_helpers/grading/authoring/wrong_answers.py)."""
 
 # %% 11.1 | forgets to divide each micro-batch's loss by K | expect: divide each micro-batch's loss by K
 def train_step(model, micro_batches, max_norm):

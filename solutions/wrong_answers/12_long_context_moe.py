@@ -1,4 +1,4 @@
-"""Recorded wrong answers for solutions/12_long_context_moe.ipynb (format: m11_helpers/grading/wrong_answers.py)."""
+"""Recorded wrong answers for solutions/12_long_context_moe.ipynb (format: m11_helpers/grading/authoring/wrong_answers.py)."""
 
 # %% 12.1 | contiguous chunks: rank r holds chunk r of N | expect: 2N chunks
 def zigzag_shard(x, rank, world):

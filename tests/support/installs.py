@@ -3,7 +3,7 @@
     steps = ["python -m pip install --no-deps .", "python -m pip install nbformat psutil"]   # a job's run: scripts
     provided_imports(steps)                            # {"m11_helpers", "nbformat", "psutil", "traitlets", …}
     env = only_installed(steps, tmp_path, os.environ)  # PYTHONPATH + a sitecustomize that hides the rest
-    subprocess.run([sys.executable, "-m", "m11_helpers.grading.ci", "merge", ...], env=env)
+    subprocess.run([sys.executable, "-m", "m11_helpers.grading.classroom.ci", "merge", ...], env=env)
 
 A fresh runner (actions/setup-python) has the standard library and what the job's install lines bring:
 each named distribution and, unless `--no-deps`, everything it requires (with the extras asked for),

@@ -1,4 +1,4 @@
-"""Recorded wrong answers for the grader fixture 00_demo (format: m11_helpers/grading/wrong_answers.py)."""
+"""Recorded wrong answers for the grader fixture 00_demo (format: m11_helpers/grading/authoring/wrong_answers.py)."""
 
 # %% 0.1 | divides by a fixed 3 | expect: mean([5])
 def mean(xs):

@@ -29,24 +29,26 @@ from pathlib import Path
 import nbformat
 from nbformat import NotebookNode
 
+from m11_helpers.grading.cells import (
+    ANSWER_STUB,
+    AUTHOR_ROLES,
+    BEGIN_HIDDEN,
+    BEGIN_SOLUTION,
+    CHECK,
+    CODE_STUB,
+    END_HIDDEN,
+    END_SOLUTION,
+    SOLUTION,
+    m11_meta,
+)
 from m11_helpers.tools.notebooks import clean, dumps
-from m11_helpers.tools.paths import repo_root as find_repo_root
+from m11_helpers.tools.paths import repo_root
 
-__all__ = ["ExerciseError", "find_repo_root", "m11_meta", "validate", "make_exercise", "sync", "main"]
-
-BEGIN_SOLUTION, END_SOLUTION = "### BEGIN SOLUTION", "### END SOLUTION"
-BEGIN_HIDDEN, END_HIDDEN = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
-ROLES = ("solution", "check")
+__all__ = ["ExerciseError", "validate", "make_exercise", "sync", "main"]
 
 
 class ExerciseError(ValueError):
     """A solution notebook breaks the exercise conventions; the message lists every problem."""
-
-
-def m11_meta(cell: NotebookNode) -> dict:
-    """The cell's `metadata.m11` ({} when absent or not a dict)."""
-    meta = cell.get("metadata", {}).get("m11", {})
-    return meta if isinstance(meta, dict) else {}
 
 
 def _regions(lines: list[str], begin: str, end: str) -> list[tuple[int, int]] | str:
@@ -82,8 +84,8 @@ def validate(nb: NotebookNode, name: str = "notebook") -> None:
             if isinstance(r, str):
                 problems.append(f"{where}: {r}")
         role, ex = meta.get("role"), meta.get("exercise")
-        if meta and role not in ROLES:
-            problems.append(f"{where}: metadata.m11.role={role!r}; allowed: {', '.join(ROLES)}")
+        if meta and role not in AUTHOR_ROLES:
+            problems.append(f"{where}: metadata.m11.role={role!r}; allowed: {', '.join(AUTHOR_ROLES)}")
         if ex is not None and (not isinstance(ex, str) or not ex.strip()):
             problems.append(f"{where}: metadata.m11.exercise={ex!r}; use a string id like \"3.2\"")
             continue
@@ -91,10 +93,10 @@ def validate(nb: NotebookNode, name: str = "notebook") -> None:
             if ex is None:
                 problems.append(f"{where}: a solution region but no exercise id; set metadata.m11 = "
                                 '{"exercise": "N.k", "role": "solution"}')
-            elif role == "check":
+            elif role == CHECK:
                 problems.append(f"{where}: a solution region inside a check cell; move it to the "
                                 "exercise's solution cell")
-        if role == "solution" and cell.cell_type == "code":
+        if role == SOLUTION and cell.cell_type == "code":
             if not sol:
                 problems.append(f"{where}: solution cell for exercise {ex} has no '{BEGIN_SOLUTION}' "
                                 "region; wrap the answer in BEGIN/END SOLUTION lines")
@@ -103,10 +105,10 @@ def validate(nb: NotebookNode, name: str = "notebook") -> None:
                                 "give this exercise its own id")
             elif ex is not None:
                 solutions[ex] = i
-        if hid and not isinstance(hid, str) and role != "check":
+        if hid and not isinstance(hid, str) and role != CHECK:
             problems.append(f"{where}: hidden tests outside a check cell are never restored by the "
                             "grader; move them into the exercise's check cell")
-        if role == "check":
+        if role == CHECK:
             pts = meta.get("points")
             if ex is None:
                 problems.append(f"{where}: check cell without an exercise id; set metadata.m11.exercise")
@@ -145,13 +147,13 @@ def make_exercise(nb: NotebookNode, name: str = "notebook") -> NotebookNode:
     for cell in nb.cells:
         meta = m11_meta(cell)
         if cell.cell_type == "markdown":
-            cell.source = _replace(cell.source, BEGIN_SOLUTION, END_SOLUTION, ["YOUR ANSWER HERE"])
+            cell.source = _replace(cell.source, BEGIN_SOLUTION, END_SOLUTION, [ANSWER_STUB])
         elif cell.cell_type == "code":
-            stub = ["# YOUR CODE HERE",
+            stub = [CODE_STUB,
                     f'raise NotImplementedError("Exercise {meta.get("exercise")}: not implemented yet")']
             new = _replace(cell.source, BEGIN_SOLUTION, END_SOLUTION, stub)
             new = _replace(new, BEGIN_HIDDEN, END_HIDDEN, None)
-            if meta.get("role") in ROLES or new != cell.source:
+            if meta.get("role") in AUTHOR_ROLES or new != cell.source:
                 cell.outputs, cell.execution_count = [], None  # never leak the answer's output
             cell.source = new
     return clean(nb)
@@ -173,7 +175,7 @@ def sync(source: Path, dest: Path, check: bool = False) -> list[Path]:
             continue
         for i, cell in enumerate(nb.cells):
             meta = m11_meta(cell)
-            if meta.get("role") == "solution":
+            if meta.get("role") == SOLUTION:
                 ex = meta.get("exercise")
                 if ex in owner and owner[ex] != path.name:
                     problems.append(f"{path}: cell {i}: exercise id {ex} is also used in {owner[ex]}; "
@@ -202,7 +204,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--dest", type=Path, help="generated exercises (default: REPO/exercises)")
     args = ap.parse_args(argv)
     try:
-        root = find_repo_root() if args.source is None or args.dest is None else None
+        root = repo_root() if args.source is None or args.dest is None else None
         source = args.source or root / "solutions"
         dest = args.dest or root / "exercises"
         changed = sync(source, dest, check=args.check)

@@ -15,7 +15,7 @@ several, counting from 0). TEXT must appear (case-insensitive) in the failure th
 so the learner is told what is wrong, not only that something is.
 
 `run_wrong_answers(solution)` grades them all in **one graded run** through the grader's own
-machinery (runner.py: nbval in a child process, the grading plugin, the tamper guard around every
+machinery (engine/runner.py: nbval in a child process, the grading plugin, the tamper guard around every
 check cell, the same scoring): it builds one notebook, the solution top to bottom (every check
 cell must pass: full marks), then for each wrong answer its code in place of the solution cell, the
 exercise's check cells (hidden tests included), and the correct solution cell again so the
@@ -24,7 +24,7 @@ per wrong answer; `tests/test_wrong_answers.py` shows on a sample that the verdi
 `m11 grade`'s on the solution notebook with that one answer substituted. The kernel runs in a
 temporary copy of the solution's folder (nothing is written into the repository).
 
-    python -m m11_helpers.grading.wrong_answers solutions/00_welcome.ipynb
+    python -m m11_helpers.grading.authoring.wrong_answers solutions/00_welcome.ipynb
 """
 
 from __future__ import annotations
@@ -41,13 +41,13 @@ from pathlib import Path
 
 import nbformat
 
-from m11_helpers.grading.exercises import m11_meta
-from m11_helpers.grading.runner import _CellMap, prepare, run_cells, score, why
+from m11_helpers.grading.cells import AUTHOR_ROLES, SOLUTION, m11_meta
+from m11_helpers.grading.engine.runner import CellMap, prepare, run_cells, score, why
 
 __all__ = ["NOTEBOOK_TIMEOUT", "WrongAnswer", "Verdict", "parse", "wrong_answers_path", "run_wrong_answers", "main"]
 
 # One lesson's run: its solution, then each wrong answer with its exercise's checks. Measured on the project's
-# 2-core machine at load average 9-16 (`python -m m11_helpers.grading.wrong_answers solutions/NN_*.ipynb`),
+# 2-core machine at load average 9-16 (`python -m m11_helpers.grading.authoring.wrong_answers solutions/NN_*.ipynb`),
 # the six heaviest lessons: 11_capstone 243 s (17 answers), 03 172 s (29), 10 153 s, 12 116 s, 04 97 s,
 # 09 63 s. The limit leaves 3.7x room over the slowest; pytest's per-test limit for these runs is derived
 # from it (the course's pytest config gives every other test 300 s, which the slowest run would exceed when
@@ -115,8 +115,8 @@ def _index(nb) -> tuple[dict[str, list[int]], dict[str, list[int]]]:
     chk: dict[str, list[int]] = {}
     for i, cell in enumerate(nb.cells):
         meta = m11_meta(cell)
-        if cell.cell_type == "code" and meta.get("role") in ("solution", "check"):
-            (sol if meta["role"] == "solution" else chk).setdefault(str(meta["exercise"]), []).append(i)
+        if cell.cell_type == "code" and meta.get("role") in AUTHOR_ROLES:
+            (sol if meta["role"] == SOLUTION else chk).setdefault(str(meta["exercise"]), []).append(i)
     return sol, chk
 
 
@@ -136,7 +136,7 @@ def _build(nb, answers: list[WrongAnswer], sol: dict, chk: dict):
         first = len(graded.cells)
         graded.cells += [wrong, *checks, again]
         points = sum(float(m11_meta(c).get("points") or 0) for c in checks)
-        plans.append(_CellMap(a.exercise, points, list(range(first + 1, first + 1 + len(checks))), [first]))
+        plans.append(CellMap(a.exercise, points, list(range(first + 1, first + 1 + len(checks))), [first]))
     return graded, plans
 
 
@@ -196,7 +196,7 @@ def _full(rec: dict | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m m11_helpers.grading.wrong_answers",
+    ap = argparse.ArgumentParser(prog="python -m m11_helpers.grading.authoring.wrong_answers",
                                  description="grade a lesson's recorded wrong answers in one kernel")
     ap.add_argument("solutions", nargs="+", type=Path)
     ap.add_argument("--cell-timeout", type=float, default=120)

@@ -28,7 +28,7 @@ import warnings
 from pathlib import Path
 
 from m11_helpers.grading.runenv import CWD_ENV, LOG_ENV, MODE_ENV
-from m11_helpers.grading.walls import GIB, WALLS, Limits, annotate
+from m11_helpers.grading.sandbox.walls import GIB, WALLS, Limits, annotate
 from m11_helpers.validate import one_of
 
 __all__ = ["MODE_ENV", "GIB", "Limits", "SandboxUnavailable", "mode", "available", "describe", "popen"]
@@ -39,12 +39,12 @@ INSIDE_CWD, INSIDE_HOME = "/submission", "/home/student"
 KEEP_ENV = {"PATH", "LANG", "LANGUAGE", "TZ", "TERM", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "PYTHONPATH",
             "PYTHONHASHSEED", "PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED", "MPLBACKEND", "M11_STRICT",
             "CUDA_VISIBLE_DEVICES", "VIRTUAL_ENV", "JUPYTER_PLATFORM_DIRS", "SOURCE_DATE_EPOCH",
-            "PYTEST_DISABLE_PLUGIN_AUTOLOAD"}  # the grader's pytest loads only the plugins it names (runner.py)
+            "PYTEST_DISABLE_PLUGIN_AUTOLOAD"}  # the grader's pytest loads only the plugins it names (engine/runner.py)
 KEEP_PREFIXES = ("LC_", "M11_GRADE_")
 ETC = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "timezone", "nsswitch.conf", "alternatives",
        "fonts", "mime.types")
 SKIP_COPY = {".git", ".hg", ".svn", ".ipynb_checkpoints", "__pycache__", ".venv", "node_modules"}
-PACKAGE = Path(__file__).resolve().parents[1]  # m11_helpers: the kernel imports it, read-only
+PACKAGE = Path(__file__).resolve().parents[2]  # m11_helpers: the kernel imports it, read-only
 
 
 class SandboxUnavailable(RuntimeError):
@@ -249,7 +249,7 @@ def popen(cmd: list[str], *, cwd: Path, env: dict[str, str], limits: Limits | No
     binds = _readonly_binds(submission, env.get("PYTHONPATH", "")) + [("dir", "", str(work))]
     binds += [("ro", str(work / n), str(work / n)) for n in ("graded.ipynb", "pytest.ini") if (work / n).exists()]
     binds.append(("rw", str(copy), INSIDE_CWD))
-    inner = list(cmd)  # pytest makes itself undumpable (plugin.py) before its kernel exists: no forged records
+    inner = list(cmd)  # pytest makes itself undumpable (engine/plugin.py) before its kernel exists: no forged records
     if _root():
         for path in [copy, *copy.rglob("*"), *([log] if log else [])]:
             os.lchown(path, uid, uid)

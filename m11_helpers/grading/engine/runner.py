@@ -3,9 +3,9 @@
 `prepare` builds the copy (the source's check cells, hidden tests included, in place of the
 learner's); `run_cells` runs it in a `python -m pytest --nbval-lax` child process with the grading
 plugin (every cell's outcome recorded as it completes; check cells guarded against tampering, see
-guard.py), rerunning past a cell that killed the kernel; `score` turns the records into one
-`ExerciseResult` per exercise. `m11 grade` (grader.py) and the wrong-answer runner
-(wrong_answers.py) both go through here, so their verdicts come from one mechanism.
+guard/driver.py), rerunning past a cell that killed the kernel; `score` turns the records into one
+`ExerciseResult` per exercise. `m11 grade` (engine/grader.py) and the wrong-answer runner
+(authoring/wrong_answers.py) both go through here, so their verdicts come from one mechanism.
 
 Nothing outlives a run: the child gets SIGKILL when the thread that started it dies (even by
 SIGKILL: `procs.death_signal_preexec`), the kernel dies with the child (its guard sets the same),
@@ -30,21 +30,21 @@ import nbformat
 import psutil
 from nbformat import NotebookNode
 
-from m11_helpers.grading import sandbox
-from m11_helpers.grading.exercises import m11_meta
-from m11_helpers.grading.results import ExerciseResult
+from m11_helpers.grading.cells import CHECK, COURSE, META, SOLUTION, exercise_of, m11_meta, role_of
+from m11_helpers.grading.engine.results import ExerciseResult
 from m11_helpers.grading.runenv import CWD_ENV, LOG_ENV, RUN_ENV, TIMEOUT_ENV
+from m11_helpers.grading.sandbox import isolate as sandbox
 from m11_helpers.procs import death_signal_preexec, kill_descendants, subreaper
 
-__all__ = ["MAX_ATTEMPTS", "RUN_ENV", "PLUGIN", "prepare", "run_cells", "score", "why"]
+__all__ = ["MAX_ATTEMPTS", "RUN_ENV", "PLUGIN", "CellMap", "prepare", "run_cells", "score", "why"]
 
-PLUGIN = "m11_helpers.grading.plugin"  # given to pytest by name: importing it here would import pytest
+PLUGIN = "m11_helpers.grading.engine.plugin"  # given to pytest by name: importing it here would import pytest
 
 MAX_ATTEMPTS = 4  # one run, plus a rerun per cell that killed (or had to kill) the kernel
 
 
 @dataclass
-class _CellMap:
+class CellMap:
     """Which cells of the graded copy belong to which exercise."""
     exercise: str
     max_points: float = 0.0
@@ -52,7 +52,7 @@ class _CellMap:
     solutions: list[int] = field(default_factory=list)
 
 
-def prepare(nb: NotebookNode, source: NotebookNode | None) -> tuple[NotebookNode, list[_CellMap]]:
+def prepare(nb: NotebookNode, source: NotebookNode | None) -> tuple[NotebookNode, list[CellMap]]:
     """The copy to run (outputs stripped, the source's check cells in place) and its exercises."""
     graded = copy.deepcopy(nb)
     for cell in graded.cells:
@@ -60,16 +60,16 @@ def prepare(nb: NotebookNode, source: NotebookNode | None) -> tuple[NotebookNode
             cell.outputs, cell.execution_count = [], None
     placed: list[NotebookNode] = []
     if source is None:
-        placed = [c for c in graded.cells if m11_meta(c).get("role") == "check"]
+        placed = [c for c in graded.cells if role_of(c) == CHECK]
     else:
         theirs: dict[str, list[int]] = {}
         for i, c in enumerate(graded.cells):
-            if m11_meta(c).get("role") == "check":
-                theirs.setdefault(str(m11_meta(c).get("exercise")), []).append(i)
+            if role_of(c) == CHECK:
+                theirs.setdefault(exercise_of(c), []).append(i)
         used: set[int] = set()
         missing: list[tuple[str, NotebookNode]] = []
-        for src in (c for c in source.cells if m11_meta(c).get("role") == "check"):
-            ex, new = str(m11_meta(src).get("exercise")), copy.deepcopy(src)
+        for src in (c for c in source.cells if role_of(c) == CHECK):
+            ex, new = exercise_of(src), copy.deepcopy(src)
             new.outputs, new.execution_count = [], None
             slots = [i for i in theirs.get(ex, []) if i not in used]
             if slots:
@@ -80,9 +80,9 @@ def prepare(nb: NotebookNode, source: NotebookNode | None) -> tuple[NotebookNode
                 missing.append((ex, new))
             placed.append(new)
         for i in set(sum(theirs.values(), [])) - used:  # extra "checks" earn nothing
-            graded.cells[i].metadata["m11"] = {}
+            graded.cells[i].metadata[META] = {}
         for ex, new in missing:  # the learner deleted it: put it back after the exercise's cells
-            mine = [i for i, c in enumerate(graded.cells) if str(m11_meta(c).get("exercise")) == ex]
+            mine = [i for i, c in enumerate(graded.cells) if exercise_of(c) == ex]
             graded.cells.insert(mine[-1] + 1 if mine else len(graded.cells), new)
         _course_cells(graded, source)
     seen: set[str] = set()
@@ -90,17 +90,17 @@ def prepare(nb: NotebookNode, source: NotebookNode | None) -> tuple[NotebookNode
         if cell.get("id") in seen or not cell.get("id"):
             cell["id"] = f"graded-{i}"
         seen.add(cell["id"])
-    plans: dict[str, _CellMap] = {}
+    plans: dict[str, CellMap] = {}
     ids = {id(c) for c in placed}
     for i, cell in enumerate(graded.cells):
         meta = m11_meta(cell)
         ex = str(meta.get("exercise"))
         if id(cell) in ids:
-            plan = plans.setdefault(ex, _CellMap(ex))
+            plan = plans.setdefault(ex, CellMap(ex))
             plan.checks.append(i)
             plan.max_points += float(meta.get("points") or 0)
-        elif meta.get("role") == "solution":
-            plans.setdefault(ex, _CellMap(ex)).solutions.append(i)
+        elif meta.get("role") == SOLUTION:
+            plans.setdefault(ex, CellMap(ex)).solutions.append(i)
     return graded, [p for p in plans.values() if p.checks]
 
 
@@ -112,23 +112,23 @@ def _course_cells(graded: NotebookNode, source: NotebookNode) -> None:
     wrapper, an import) are the course's, whatever the notebook did to them before.
     """
     for cell in graded.cells:
-        if m11_meta(cell).get("role") == "course":  # only the grader marks cells as the course's
-            cell.metadata["m11"] = {}
+        if role_of(cell) == COURSE:  # only the grader marks cells as the course's
+            cell.metadata[META] = {}
     anchor = -1  # where the next deleted course cell goes back
     for src in (c for c in source.cells if c.cell_type == "code"):
         j = next((k for k, c in enumerate(graded.cells) if c.get("id") and c.get("id") == src.get("id")), None)
-        if m11_meta(src).get("role"):
+        if role_of(src):
             anchor = anchor if j is None else j
             continue
         if j is None or graded.cells[j].source != src.source:
             j = next((k for k, c in enumerate(graded.cells) if k > anchor and c.cell_type == "code"
                       and c.source == src.source and not m11_meta(c)), j)
         if j is not None and graded.cells[j].source == src.source:
-            graded.cells[j].metadata["m11"] = {"role": "course"}
+            graded.cells[j].metadata[META] = {"role": COURSE}
             anchor = j
             continue
         new = copy.deepcopy(src)
-        new.outputs, new.execution_count, new.metadata["m11"] = [], None, {"role": "course"}
+        new.outputs, new.execution_count, new.metadata[META] = [], None, {"role": COURSE}
         new["id"] = f"{src.get('id') or 'course'}-course"
         anchor = (anchor if j is None else j) + 1
         graded.cells.insert(anchor, new)
@@ -152,7 +152,7 @@ def _run_once(nb: NotebookNode, cwd: Path, cell_timeout: float, limit: float,
            "-c", str(work / "pytest.ini"), "--rootdir", str(work), "-q"]
     note = ""
     with open(work / "pytest.out", "wb") as out:
-        # in a sandbox (sandbox.py): a private copy of the submission, no repository, no network, limits
+        # in a sandbox (sandbox/isolate.py): a private copy of the submission, no repository, no network, limits
         proc = sandbox.popen(cmd, cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT,
                              stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=death_signal_preexec())
         try:
@@ -230,7 +230,7 @@ def run_cells(graded: NotebookNode, cwd: Path, cell_timeout: float, deadline: fl
     return cells
 
 
-def score(plans: list[_CellMap], cells: dict[int, dict]) -> list[ExerciseResult]:
+def score(plans: list[CellMap], cells: dict[int, dict]) -> list[ExerciseResult]:
     """An exercise scores its points iff every check cell passed (untampered); else 0, and why."""
     out: list[ExerciseResult] = []
     for plan in plans:

@@ -1,6 +1,6 @@
 """The grader's guard as it runs INSIDE a graded kernel (part 2: the modules, the names, the ledger).
 
-Executed after `guard_kernel.py` in the same namespace (see its docstring); importing it normally
+Executed after `guard/kernel.py` in the same namespace (see its docstring); importing it normally
 (tests, linters) takes part 1's helpers from their module instead.
 """
 
@@ -9,8 +9,8 @@ import json
 import os
 import sys
 
-if "_flag" not in globals():  # a plain import, not the guard's run inside a kernel
-    from m11_helpers.grading.guard_kernel import (  # noqa: F401
+if "flag" not in globals():  # a plain import, not the guard's run inside a kernel
+    from m11_helpers.grading.guard.kernel import (  # noqa: F401
         ALIASES,
         CHECK_NAMES,
         CHECKS,
@@ -18,11 +18,11 @@ if "_flag" not in globals():  # a plain import, not the guard's run inside a ker
         KEY,
         KIT_NAMES,
         A,
-        _flag,
-        _restore_kernel,
-        _scan_modules,
-        _snapshot,
-        types,  # the interpreter's own types (guard_kernel.py), never the `types` module's names
+        flag,
+        restore_kernel,
+        scan_modules,
+        snapshot,
+        types,  # the interpreter's own types (guard/kernel.py), never the `types` module's names
     )
 
 
@@ -45,6 +45,7 @@ def _same(a, b, depth=0):
 
 
 _PLAIN = (int, float, str, bytes, bool, type(None), tuple, frozenset, list, dict, set)
+_TYPEVAR = type(sys.modules["typing"].TypeVar("T")) if "typing" in sys.modules else None
 
 
 def _equal(w, v) -> bool:
@@ -68,7 +69,7 @@ def _verify(name, source, compiled):
     if live is None:
         return
     if type(live) is not types.ModuleType:
-        _flag(f"sys.modules[{name!r}] is not a module")
+        flag(f"sys.modules[{name!r}] is not a module")
         sys.modules.pop(name)
         return
     d = live.__dict__
@@ -89,6 +90,8 @@ def _verify(name, source, compiled):
             ok = issubclass(type(w), type) and all(_same(vars(w).get(m), f) for m, f in vars(v).items())
         elif type(v) in _PLAIN:
             ok = _equal(w, v)
+        elif type(v) is _TYPEVAR:  # `T = TypeVar("T")` makes a new one each run: the same kind, by name
+            ok = type(w) is _TYPEVAR and w.__name__ == v.__name__
         else:
             ok = w is v
         if not ok:
@@ -96,7 +99,7 @@ def _verify(name, source, compiled):
     extra = [k for k, v in d.items() if k not in fresh and not k.startswith("__")
              and sys.modules.get(f"{name}.{k}") is not v]
     if bad or extra:  # put back only what differs: names the notebook imported from it stay valid
-        _flag(f"{name} was patched ({', '.join(sorted(bad + extra))})")
+        flag(f"{name} was patched ({', '.join(sorted(bad + extra))})")
         for k in extra:
             del d[k]
         d.update({k: fresh[k] for k in bad if k in fresh})
@@ -127,22 +130,22 @@ def _rebind(state, shell, before):
         v = ns.get(name, KEY)
         if name in CHECK_NAMES:  # the ledger binds them again; a callable put there is a fake check
             if v is not KEY and callable(v) and v is not getattr(checks, name, None) and v is not ours.get(name):
-                _flag(f"the name {name} was rebound {when}")
+                flag(f"the name {name} was rebound {when}")
             continue
         real = getattr(sys.modules.get(KIT_NAMES.get(name, "")), name, KEY)
         if real is not KEY and v is not real and (name not in course or v is not course[name]):
             if callable(v) or type(v) is types.ModuleType:
-                _flag(f"the name {name} was rebound {when}")
+                flag(f"the name {name} was rebound {when}")
             ns[name] = course[name] = real
         elif name in course and v is not course[name]:
             if callable(v) or type(v) is types.ModuleType:
-                _flag(f"{name}, which the course defines, was redefined {when}")
+                flag(f"{name}, which the course defines, was redefined {when}")
             ns[name] = course[name]
         elif type(v) is types.ModuleType and sys.modules.get(v.__name__) is not v:
-            _flag(f"{name} in the notebook is not the real module {v.__name__}")
+            flag(f"{name} in the notebook is not the real module {v.__name__}")
         elif name in ALIASES and ALIASES[name] in sys.modules and v is not sys.modules[ALIASES[name]] \
                 and v is not KEY:
-            _flag(f"{name} in the notebook is not the module {ALIASES[name]}")
+            flag(f"{name} in the notebook is not the module {ALIASES[name]}")
 
 
 def _install_ledger(state, shell, source):
@@ -212,7 +215,7 @@ def _uninstall_ledger(state, shell):
         return
     for name, fn in real.items():
         if getattr(checks, name, None) is not wrappers.get(name):
-            _flag(f"{CHECKS}.{name} was replaced while the check ran")
+            flag(f"{CHECKS}.{name} was replaced while the check ran")
         setattr(checks, name, fn)
         if shell.user_ns.get(name) is wrappers.get(name):
             shell.user_ns[name] = fn
@@ -229,15 +232,15 @@ def _main():
             ctypes.CDLL(None).prctl(1, int(signal.SIGKILL), 0, 0, 0)
             if os.getppid() != A["ppid"]:
                 os._exit(1)
-        state = {"base": _snapshot(shell)}
-        # later calls run the guard with these, never with what the notebook then calls `exec` (guard.py)
+        state = {"base": snapshot(shell)}
+        # later calls run the guard with these, never with what the notebook then calls `exec` (guard/driver.py)
         state["holder"] = type(A["holder"], (), {"__slots__": (), "x": (exec, dict(vars(builtins)))})
         sys.modules[KEY] = types.SimpleNamespace(state=state)
         return {"state": id(state)}
     holder = sys.modules.get(KEY)
     state = getattr(holder, "state", None)
     if id(state) != A["state"]:
-        _flag("the grader's guard state was replaced or removed")
+        flag("the grader's guard state was replaced or removed")
         return {}
     if mode == "mark":  # after a course cell: what it defined is the course's
         ns, course = shell.user_ns, state.setdefault("course", {})
@@ -249,8 +252,8 @@ def _main():
         _uninstall_ledger(state, shell)
         ledger = state.pop("ledger", None) or {"passed": [], "fails": []}
         result = {"passed": A["exercise"] in ledger["passed"], "fails": ledger["fails"]}
-    _restore_kernel(state, shell)
-    _scan_modules()
+    restore_kernel(state, shell)
+    scan_modules()
     for name, source in A.get("sources", {}).items():
         _verify(name, source, state.setdefault("compiled", {}))
     if mode == "before":

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from m11_helpers.grading.exercises import m11_meta
+from m11_helpers.grading.cells import CHECK, EXERCISE, exercise_of, m11_meta, role_of
 
 __all__ = ["read_notebook", "exercise_ids", "integrity", "inspect"]
 
@@ -30,21 +30,21 @@ def read_notebook(path: Path):
 
 def exercise_ids(nb) -> set[str]:
     """The exercise ids its cells carry in `metadata.m11`."""
-    return {str(m11_meta(c)["exercise"]) for c in nb.cells if m11_meta(c).get("exercise") is not None}
+    return {exercise_of(c) for c in nb.cells if m11_meta(c).get(EXERCISE) is not None}
 
 
 def _checks(nb) -> dict[str, list[str]]:
     found: dict[str, list[str]] = {}
     for c in nb.cells:
-        if m11_meta(c).get("role") == "check":
-            found.setdefault(str(m11_meta(c).get("exercise")), []).append(
+        if role_of(c) == CHECK:
+            found.setdefault(exercise_of(c), []).append(
                 "\n".join(line.rstrip() for line in c.source.strip().splitlines()))
     return found
 
 
 def integrity(nb, source, name: str) -> list[str]:
     """What a submission changed in the course's check cells (the grader runs the course's instead)."""
-    from m11_helpers.grading.exercises import make_exercise
+    from m11_helpers.grading.authoring.exercises import make_exercise
     given, full, theirs = _checks(make_exercise(source, name)), _checks(source), _checks(nb)
     notes = []
     for ex in given:

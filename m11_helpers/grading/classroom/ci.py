@@ -1,12 +1,12 @@
 """The instructor's CI commands: collect at the deadline, plan the shards, grade one, merge them.
 
-    python -m m11_helpers.grading.ci due --deadline ISO --event schedule [--repository OWNER/NAME]
+    python -m m11_helpers.grading.classroom.ci due --deadline ISO --event schedule [--repository OWNER/NAME]
                                         # `run=true|false` and `artifact=class-grades-…` for $GITHUB_OUTPUT
-    python -m m11_helpers.grading.ci collect --classroom ID | --export PATH --deadline ISO --out submissions/
-    python -m m11_helpers.grading.ci plan submissions/ --shard-size 20         # `matrix=…` for $GITHUB_OUTPUT
-    python -m m11_helpers.grading.ci grade submissions/ --source solutions/ [--notebooks 05_zero_fsdp]
+    python -m m11_helpers.grading.classroom.ci collect --classroom ID | --export PATH --deadline ISO --out submissions/
+    python -m m11_helpers.grading.classroom.ci plan submissions/ --shard-size 20         # `matrix=…` for $GITHUB_OUTPUT
+    python -m m11_helpers.grading.classroom.ci grade submissions/ --source solutions/ [--notebooks 05_zero_fsdp]
                                         [--shard 2/15] --out shards/shard-2
-    python -m m11_helpers.grading.ci merge shards/ --submissions submissions/ --out reports/
+    python -m m11_helpers.grading.classroom.ci merge shards/ --submissions submissions/ --out reports/
                                         [--summary "$GITHUB_STEP_SUMMARY"]
 
 The jobs of `templates/instructor_repo/.github/workflows/grade-class.yml` run these; they work the
@@ -27,7 +27,9 @@ import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from m11_helpers.grading import classroom, collect, report
+from m11_helpers.grading.classroom import collect
+from m11_helpers.grading.classroom import grade_class as classroom
+from m11_helpers.grading.engine import report
 
 __all__ = ["main", "artifact_name", "due"]
 
@@ -71,7 +73,7 @@ def due(deadline: str, event: str, repository: str = "", window_hours: float = 2
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m m11_helpers.grading.ci", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m m11_helpers.grading.classroom.ci", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="command", required=True)
     d = sub.add_parser("due", help="should this run grade? (print run=… and artifact=…)")
     d.add_argument("--deadline", default="", help="ISO 8601 with a time zone")
@@ -129,7 +131,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"matrix={json.dumps(classroom.plan(args.klass, args.shard_size))}")
             print(f"students={count}\ngo={'true' if count else 'false'}")
         elif args.command == "grade":
-            from m11_helpers.grading.grader import grade_notebook  # the grade job alone installs nbval and pytest
+            from m11_helpers.grading.engine.grader import (
+                grade_notebook,  # the grade job alone installs nbval and pytest
+            )
 
             k, _, n = args.shard.partition("/")
             names = [f"{s.strip().removesuffix('.ipynb')}.ipynb" for s in args.notebooks.split(",") if s.strip()]
@@ -144,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
             print(classroom.summary(rows))
             return 1 if any(r.status == "not graded" for r in rows) else 0
     except (ValueError, RuntimeError) as e:
-        print(f"m11_helpers.grading.ci {args.command}: {e}", file=sys.stderr)
+        print(f"m11_helpers.grading.classroom.ci {args.command}: {e}", file=sys.stderr)
         return 2
     return 0
 

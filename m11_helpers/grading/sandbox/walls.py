@@ -1,8 +1,8 @@
 """The grading sandbox's walls: its limits, and which of them stopped a cell, named in the report.
 
-`Limits` are what sandbox.py sets per process (RLIMIT_DATA, RLIMIT_NPROC, RLIMIT_FSIZE, tmpfs sizes).
+`Limits` are what sandbox/isolate.py sets per process (RLIMIT_DATA, RLIMIT_NPROC, RLIMIT_FSIZE, tmpfs sizes).
 
-`annotate(log, limits)` runs when the sandboxed run has ended (sandbox.py): a failed cell whose error
+`annotate(log, limits)` runs when the sandboxed run has ended (sandbox/isolate.py): a failed cell whose error
 is what a limit or a missing permission produces (MemoryError, EAGAIN from fork, ENETUNREACH, EROFS…)
 gets `[sandbox: stopped by …]` after its first error line and a `sandbox` field. Unisolated runs name
 only the limits prlimit set (the first `walls` entries).

@@ -11,12 +11,12 @@
 A check cell counts as passed only when nbval saw it pass AND the guard saw, in pristine check
 functions it bound for that cell, the cell's own code call `passed(...)` with no failed check on the
 way, AND the guard found nothing bent before or after it. What is checked, restored and flagged is
-in `guard_kernel.py` / `guard_ledger.py` (the code that runs in the kernel); why, and what no
+in `guard/kernel.py` / `guard/ledger.py` (the code that runs in the kernel); why, and what no
 in-kernel guard can stop, in docs/instructor-guide.md, "What the grader defends against".
 
 Everything the guard compares against is read HERE, before the notebook runs: its own code, the
 sources of the check, observe and launch modules, and where the installed libraries live. Each call
-sends it afresh with a new nonce, in `user_expressions` of a silent request (see guard_kernel.py),
+sends it afresh with a new nonce, in `user_expressions` of a silent request (see guard/kernel.py),
 run by the `exec` and the builtins the kernel had before the notebook ran (`Guard._expression`).
 """
 
@@ -36,15 +36,60 @@ import time
 from pathlib import Path
 from queue import Empty
 
-__all__ = ["VERIFIED", "GuardReport", "Guard", "library_roots", "defined_names", "free_names"]
+__all__ = ["VERIFIED", "KIT_MODULES", "verified_modules", "kernel_facing_modules", "GuardReport", "Guard", "library_roots", "defined_names", "free_names"]
 
-# modules compared, function by function, with their installed source before and after each check cell
-VERIFIED = ("m11_helpers.grading.checks", "m11_helpers.grading.plain", "m11_helpers.grading.observe",
-            "m11_helpers.grading.faults", "m11_helpers.launch", "m11_helpers.launch.base", "m11_helpers.launch.fork", "m11_helpers.launch.script",
-            "m11_helpers.procs")
 CHECK_NAMES = ("expect_close", "expect_equal", "expect_true", "passed", "checking")
 _HERE = Path(__file__).resolve().parent
-_PARTS = (_HERE / "guard_kernel.py", _HERE / "guard_ledger.py")
+_PARTS = (_HERE / "kernel.py", _HERE / "ledger.py")
+_PACKAGE = _HERE.parents[1]  # m11_helpers
+# What the kernel runs of the course: every module at grading's top level (the check-cell API and its
+# vocabularies: the rooms below it are never imported by a kernel) and every module of the launcher.
+KERNEL_FACING = ("m11_helpers.grading", "m11_helpers.launch")
+
+
+def _module_file(name: str) -> Path | None:
+    """The source file of the course module `name` (m11_helpers.x.y), found on disk without importing it."""
+    here = _PACKAGE.joinpath(*name.split(".")[1:])
+    return next((p for p in (here / "__init__.py", here.with_suffix(".py")) if p.is_file()), None)
+
+
+def _course_imports(path: Path) -> list[str]:
+    """The course modules a file imports, at any depth (a lazy import runs in the kernel too)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found += [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+    return sorted({n for n in found if n.startswith("m11_helpers.") and _module_file(n)})
+
+
+def kernel_facing_modules() -> tuple[str, ...]:
+    """Every module of the kernel-facing packages, as it is on disk now: one added there is in."""
+    roots = []
+    for package in KERNEL_FACING:
+        folder = _module_file(package).parent
+        roots += [package] if package != "m11_helpers.grading" else []  # grading's __init__ is a docstring
+        roots += [f"{package}.{p.stem}" for p in sorted(folder.glob("*.py")) if p.stem != "__init__"]
+    return tuple(roots)
+
+
+def verified_modules() -> tuple[str, ...]:
+    """Modules compared, function by function, with their installed source before and after each check cell:
+    the kernel-facing ones and the course modules they import (procs, validate, tether, …)."""
+    roots, done = list(kernel_facing_modules()), []
+    while roots:
+        name = roots.pop(0)
+        if name not in done:
+            done.append(name)
+            roots += _course_imports(_module_file(name))
+    return tuple(done)
+
+
+VERIFIED = verified_modules()
+# names a notebook may not rebind: the kernel-facing modules' `__all__` (not their helpers': a learner's
+# `fraction` must stay the learner's)
+KIT_MODULES = kernel_facing_modules()
 
 
 @dataclasses.dataclass
@@ -137,7 +182,7 @@ class Guard:
         self.kc, self.timeout = kc, timeout
         self.parts = tuple(p.read_text(encoding="utf-8") for p in _PARTS)
         self.sources, self.roots = _sources(), library_roots()
-        self.kit = _kit_names(self.sources)
+        self.kit = _kit_names({m: s for m, s in self.sources.items() if m in KIT_MODULES})
         self.holder = f"_m11_guard_{secrets.token_hex(8)}"  # the class that keeps the kernel's exec and builtins
         self.state: int | None = None
         self.error = ""

@@ -1,15 +1,15 @@
 """Grade a class: each submission checked for integrity, graded in the sandbox, in shards, then merged.
 
-A class folder holds one folder per student (and `manifest.csv` from `collect.py`: the graded commit,
+A class folder holds one folder per student (and `manifest.csv` from `classroom/collect.py`: the graded commit,
 whether pushes came after the deadline). For each expected notebook (default: every course notebook
 some student handed in) a student gets one row of class.csv: `graded`, or a clear `missing`, `not a
-notebook`, `wrong lesson` (scored 0, never a crash; see integrity.py, which also notes every check
+notebook`, `wrong lesson` (scored 0, never a crash; see classroom/integrity.py, which also notes every check
 cell that differs from the course's: the grader runs the course's in its place).
 
 `grade_class` grades one shard (`shard_of`: round-robin) with the grading function it is given
 (`grader.grade_notebook`, which runs each notebook in the sandbox); `merge` joins the shards'
 class.csv and reports, giving a `not graded` row to anyone no shard reported; `summary` is the table
-for the run's page. `m11 grade --class` calls `main_class`; the CI's commands are in ci.py.
+for the run's page. `m11 grade --class` calls `main_class`; the CI's commands are in classroom/ci.py.
 """
 
 from __future__ import annotations
@@ -23,10 +23,12 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Callable
 
-from m11_helpers.grading import collect, report, sandbox
-from m11_helpers.grading.integrity import inspect, read_notebook
-from m11_helpers.grading.results import ExerciseResult, NotebookResult
-from m11_helpers.grading.runner import prepare
+from m11_helpers.grading.classroom import collect
+from m11_helpers.grading.classroom.integrity import inspect, read_notebook
+from m11_helpers.grading.engine import report
+from m11_helpers.grading.engine.results import ExerciseResult, NotebookResult
+from m11_helpers.grading.engine.runner import prepare
+from m11_helpers.grading.sandbox import isolate as sandbox
 from m11_helpers.validate import one_of, positive_int
 
 __all__ = ["Row", "GradeFn", "students", "shard_of", "grade_class", "write_csv", "read_csv", "plan", "merge", "summary",

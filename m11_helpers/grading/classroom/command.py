@@ -4,20 +4,13 @@
               [--min-score PCT] [--source solutions/]
     m11 grade --class submissions/        one subfolder per student -> class.csv + their reports
 
-Each notebook runs in its own `python -m pytest --nbval-lax` process, with cwd = its folder.
-When `--source` (default: REPO/solutions) holds a notebook of the same name, its check cells,
-hidden tests included, replace the submitted ones: learners cannot edit or drop the tests.
-An exercise scores its points iff all its check cells passed (its maximum is their sum), and a
-check cell passes only if the tamper guard (guard.py) saw its own code pass with nothing bent;
-what the guard caught scores 0 and is named in the report ("tampering: ...").
-
-A score is always reported: `plugin.py` records each cell as it completes; a cell that hangs is
-interrupted (cell timeout) or its kernel killed; a cell that kills the kernel, or has to be
-killed, is skipped on a rerun so later exercises are still graded, all within the notebook's
-wall-clock limit (runner.py). Nothing outlives the command, however it ends: SIGINT, SIGTERM and
-SIGHUP (unless started under `nohup`) stop it cleanly (every descendant killed, daemons included:
-it is a child subreaper; exit 128 + the signal's number), and on SIGKILL the chain of parent-death
-signals takes the nbval process, then its kernel, then the kernel's ranks.
+Each notebook is graded by the engine (engine/grader.py: its own `python -m pytest --nbval-lax`
+process, cwd = its folder, the course's check cells from `--source`, default REPO/solutions); with
+`--class`, by a class run (grade_class.py). The command lives in this room because it can grade a
+class: the engine never imports classroom. Nothing outlives the command, however it ends: SIGINT,
+SIGTERM and SIGHUP (unless started under `nohup`) stop it cleanly (every descendant killed, daemons
+included: it is a child subreaper; exit 128 + the signal's number), and on SIGKILL the chain of
+parent-death signals takes the nbval process, then its kernel, then the kernel's ranks.
 """
 
 from __future__ import annotations
@@ -26,19 +19,17 @@ import argparse
 import signal
 import sys
 import threading
-import time
 from pathlib import Path
 
-import nbformat
-
-from m11_helpers.grading import report, sandbox
-from m11_helpers.grading.exercises import find_repo_root
-from m11_helpers.grading.results import ExerciseResult, NotebookResult
-from m11_helpers.grading.runner import prepare, run_cells, score
+from m11_helpers.grading.classroom.grade_class import main_class
+from m11_helpers.grading.engine import report
+from m11_helpers.grading.engine.grader import grade, grade_notebook
+from m11_helpers.grading.engine.results import NotebookResult
+from m11_helpers.grading.sandbox import isolate as sandbox
 from m11_helpers.procs import on_stop_signals
-from m11_helpers.tools.notebooks import find_notebooks
+from m11_helpers.tools.paths import repo_root
 
-__all__ = ["ExerciseResult", "NotebookResult", "prepare", "grade_notebook", "grade", "main"]
+__all__ = ["STOP_SIGNALS", "Stopped", "main"]
 
 STOP_SIGNALS = tuple(s for s in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s)
 
@@ -55,37 +46,6 @@ def _stop(signum: int, _frame) -> None:
     for sig in STOP_SIGNALS:  # a second Ctrl-C must not interrupt the cleanup the first one started
         signal.signal(sig, signal.SIG_IGN)
     raise Stopped(signum)
-
-
-def grade_notebook(path: Path, source: Path | None = None, cell_timeout: float = 120,
-                   notebook_timeout: float = 900) -> NotebookResult:
-    """Grade one notebook: run it (rerunning past fatal cells) and score each exercise."""
-    start = time.monotonic()
-    result = NotebookResult(str(path))
-    src_path = source / path.name if source else None
-    src = nbformat.read(src_path, as_version=4) if src_path and src_path.is_file() else None
-    try:
-        graded, plans = prepare(nbformat.read(path, as_version=4), src)
-    except Exception as e:  # noqa: BLE001 - an unreadable submission still gets a (zero) score
-        result.notes.append(f"could not read the notebook: {e}")
-        if src is not None:
-            _, plans = prepare(src, src)
-            result.exercises = [ExerciseResult(p.exercise, 0, p.max_points, "not run", "unreadable notebook")
-                                for p in plans]
-        return result
-    cells = run_cells(graded, path.parent.resolve(), cell_timeout, start + notebook_timeout, result.notes)
-    result.exercises = score(plans, cells)
-    for e in result.exercises:
-        if e.tampering:
-            result.notes.append(f"TAMPERING in exercise {e.exercise} (scored 0): {'; '.join(e.tampering)}")
-    result.seconds = round(time.monotonic() - start, 1)
-    return result
-
-
-def grade(paths: list[Path], source: Path | None, cell_timeout: float,
-          notebook_timeout: float) -> list[NotebookResult]:
-    """Grade every notebook under `paths` (files or folders), in order."""
-    return [grade_notebook(p, source, cell_timeout, notebook_timeout) for p in find_notebooks(paths)]
 
 
 def _percent(results: list[NotebookResult]) -> float:
@@ -141,14 +101,13 @@ def _main(argv: list[str]) -> int:
     source = args.source
     if source is None:
         try:
-            source = find_repo_root() / "solutions"
+            source = repo_root() / "solutions"
         except ValueError:
             source = None
         source = source if source and source.is_dir() else None
 
-    if args.klass:  # integrity checks, missing notebooks, sandbox, class.csv: classroom.py
-        from m11_helpers.grading import classroom
-        return classroom.main_class(args.klass, source, args.out, args.cell_timeout, args.notebook_timeout,
+    if args.klass:  # integrity checks, missing notebooks, sandbox, class.csv: grade_class.py
+        return main_class(args.klass, source, args.out, args.cell_timeout, args.notebook_timeout,
                                     args.min_score, grade_notebook)
     try:
         results = grade(args.paths, source, args.cell_timeout, args.notebook_timeout)

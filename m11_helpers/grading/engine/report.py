@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Iterable
 from xml.etree import ElementTree as ET
 
-from m11_helpers.grading.results import NotebookResult
+from m11_helpers.grading.engine.results import NotebookResult
 
 __all__ = ["write_reports", "terminal_table", "markdown", "junit_xml", "class_table"]
 

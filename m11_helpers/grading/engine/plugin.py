@@ -1,6 +1,6 @@
 """A pytest plugin for `m11 grade`: record each nbval cell's outcome the moment it completes.
 
-Loaded in the grading subprocess with `-p m11_helpers.grading.plugin`; it does nothing unless
+Loaded in the grading subprocess with `-p m11_helpers.grading.engine.plugin`; it does nothing unless
 `M11_GRADE_LOG` names a file. Then it:
 
 - appends one JSON line per cell (`start`, then `result` with outcome, error name/value, and
@@ -10,7 +10,7 @@ Loaded in the grading subprocess with `-p m11_helpers.grading.plugin`; it does n
   out the cell timeout (nbval only waits for a reply that will never come);
 - kills the kernel when a cell outlives `M11_GRADE_CELL_TIMEOUT` plus a grace period, which is
   what a cell that ignores the interrupt and keeps printing needs (nbval would read forever);
-- guards every check cell (`metadata.m11.role == "check"`, see guard.py): before it, restores what
+- guards every check cell (`metadata.m11.role == "check"`, see guard/driver.py): before it, restores what
   learner code bent and binds pristine check functions; after it, a check cell passes only if the
   guard saw its own code reach `passed(...)` with nothing bent. What it found is recorded as
   `tampering` (the grader scores that exercise 0 and says so); a guard that cannot run fails closed.
@@ -28,7 +28,8 @@ from typing import Any
 
 import pytest
 
-from m11_helpers.grading.guard import Guard, GuardReport
+from m11_helpers.grading.cells import CHECK, COURSE, exercise_of, role_of
+from m11_helpers.grading.guard.driver import Guard, GuardReport
 from m11_helpers.grading.runenv import CWD_ENV, LOG_ENV, TIMEOUT_ENV
 from m11_helpers.procs import kill_descendants
 from m11_helpers.tools.fast_start import skip_iri_grammar
@@ -107,7 +108,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # The kernel starts after this and inherits our environment: take the log's path out of it, and
     # close our /proc/PID/{fd,environ,mem} to same-uid processes (PR_SET_DUMPABLE = 0) so a notebook
     # cannot find the open log through us. It can still search the file system for it: only the
-    # sandbox (grading/sandbox.py), where the log is not a file at all, closes that (instructor guide).
+    # sandbox (grading/sandbox/isolate.py), where the log is not a file at all, closes that (instructor guide).
     os.environ.pop(LOG_ENV, None)
     if sys.platform.startswith("linux"):
         try:
@@ -129,10 +130,10 @@ def _kernel_alive(item: pytest.Item) -> bool:
 
 def _role_of(item: pytest.Item) -> tuple[str | None, str | None]:
     """(role, exercise) of a graded notebook's cell: ("check", "0.2"), ("course", None) or (None, None)."""
-    meta = (getattr(item, "cell", None) or {}).get("metadata", {}).get("m11", {})
-    if not isinstance(meta, dict) or meta.get("role") not in ("check", "course"):
+    cell = getattr(item, "cell", None) or {}
+    if role_of(cell) not in (CHECK, COURSE):
         return None, None
-    return meta["role"], str(meta.get("exercise"))
+    return role_of(cell), exercise_of(cell)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -143,14 +144,14 @@ def pytest_runtest_call(item: pytest.Item):
         _state["alive_at_start"][cell] = _kernel_alive(item)
         _write({"event": "start", "cell": cell})
         _state["running"] = (cell, time.monotonic())
-        if role == "check" and guard is not None and _kernel_alive(item):
+        if role == CHECK and guard is not None and _kernel_alive(item):
             _state["guarded"][cell] = [guard.before(exercise, item.cell.source)]
     try:
         yield
     finally:
         if cell in _state["guarded"] and _kernel_alive(item):
             _state["guarded"][cell].append(guard.after(exercise))
-        elif role == "course" and guard is not None and _kernel_alive(item):
+        elif role == COURSE and guard is not None and _kernel_alive(item):
             guard.mark(item.cell.source)  # what the course's own cell defined stays the course's
         _state["running"] = None
 

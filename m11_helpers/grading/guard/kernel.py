@@ -1,7 +1,7 @@
 """The grader's guard as it runs INSIDE a graded kernel (part 1: find and undo what learner code bent).
 
-Never imported by a kernel. `guard.py`, in the grading process outside the kernel, reads this file
-and `guard_ledger.py` (part 2), and the pristine sources of the check, observe and launch modules,
+Never imported by a kernel. `guard/driver.py`, in the grading process outside the kernel, reads this file
+and `guard/ledger.py` (part 2), and the pristine sources of the check, observe and launch modules,
 before the notebook runs, and sends their text with every call in the `user_expressions` of a silent
 execute request, evaluated as `(lambda ns: E(PART1, ns) or E(PART2, ns) or ns["OUT"])({"ARGS": {...}})`
 with `E` the kernel's own `exec`: no input or AST transformer, no cell event and no custom exception
@@ -19,7 +19,7 @@ handler touches it.
 `OUT` is a JSON string echoing `ARGS["nonce"]`, so a reply the guard did not write is refused. After
 the baseline the expression does not look up `exec` where the notebook can rebind it: the baseline
 keeps the kernel's `exec` and a copy of its builtins in a class with a secret name, and every later
-call runs this code with them (guard.py, `Guard._expression`). Below, `builtins` and `sys` must be the
+call runs this code with them (guard/driver.py, `Guard._expression`). Below, `builtins` and `sys` must be the
 interpreter's own (an `exec` that is built in belongs to the first; a fake `sys` cannot hold the
 second's functions as its own), or the guard refuses to run: the check fails closed.
 """
@@ -63,7 +63,7 @@ KEY = "_m11_grade_guard"
 CHECK_NAMES = ("expect_close", "expect_equal", "expect_true", "passed", "checking")
 CHECKS = "m11_helpers.grading.checks"
 A = globals().get("ARGS") or {}  # set by the caller's namespace (see the module docstring); {} on import
-# public names of the verified modules (guard.py reads their __all__): a notebook binding must be the real one
+# public names of the verified modules (guard/driver.py reads their __all__): a notebook binding must be the real one
 KIT_NAMES = A.get("kit") or {"launch": "m11_helpers.launch", "record_comm": "m11_helpers.grading.observe"}
 ALIASES = {"torch": "torch", "dist": "torch.distributed", "F": "torch.nn.functional", "np": "numpy"}
 VOLATILE_BUILTINS = {"_", "__", "___"}
@@ -125,7 +125,7 @@ def _origin(obj, depth=0):
     return _class_origin(t)
 
 
-def _flag(text):
+def flag(text):
     if text not in FOUND:
         FOUND.append(text)
 
@@ -154,7 +154,7 @@ def _known(t, depth):
     return None if known is None else known[1]
 
 
-def _scan_modules():
+def scan_modules():
     """Library modules (and the classes they define) holding notebook code: a patch, not restorable."""
     user_ns = sys.modules["IPython"].get_ipython().user_ns
     function, no_code = types.FunctionType, _NO_CODE
@@ -176,12 +176,12 @@ def _scan_modules():
                     o = _known(tv, 1)
                     o = _origin(v, 1) if o is None else o
                     if o:
-                        _flag(f"{name}.{value.__qualname__}.{k} was replaced by code from {o}")
+                        flag(f"{name}.{value.__qualname__}.{k} was replaced by code from {o}")
             elif key != "__builtins__":
                 o = _known(t, 0)
                 o = _origin(value) if o is None else o
                 if o:
-                    _flag(f"{name}.{key} was replaced by code from {o}")
+                    flag(f"{name}.{key} was replaced by code from {o}")
                     if name == "threading" and key in ("_trace_hook", "_profile_hook"):
                         d[key] = None  # threading.settrace/setprofile: every new thread would get it
 
@@ -207,35 +207,35 @@ def _inner(obj):
     return d
 
 
-def _snapshot(shell):
+def snapshot(shell):
     return {"builtins": dict(vars(builtins)), "objects": {k: (o, _inner(o)) for k, o in _objects(shell).items()},
             "hooks": (sys.gettrace(), sys.getprofile(), sys.excepthook, sys.displayhook),
             "custom": (shell.custom_exceptions, vars(shell).get("CustomTB")),
             "cell_name": os.environ.get("IPYKERNEL_CELL_NAME")}
 
 
-def _restore_kernel(state, shell):
+def restore_kernel(state, shell):
     """Builtins, IPython hooks, trace functions: back to the kernel's start; flag each difference."""
     base = state["base"]
     for k, v in base["builtins"].items():
         if k not in VOLATILE_BUILTINS and vars(builtins).get(k, KEY) is not v:
-            _flag(f"builtins.{k} was replaced")
+            flag(f"builtins.{k} was replaced")
             setattr(builtins, k, v)
     ns = shell.user_ns
     own = ns.get("__builtins__", builtins)
     if own is not builtins and own is not vars(builtins):  # by identity: an impostor can claim to be equal
-        _flag("the notebook's __builtins__ was replaced")
+        flag("the notebook's __builtins__ was replaced")
         ns["__builtins__"] = builtins
     now = _objects(shell)
     for label, (obj, attrs) in base["objects"].items():
         if now.get(label) is not obj:
-            _flag(f"{label} was replaced")
+            flag(f"{label} was replaced")
             continue
         inner = _inner(obj)
         for k, v in inner.items():
             o = _origin(v)
             if o and attrs.get(k, KEY) is not v:
-                _flag(f"{label}.{k} was replaced by code from {o}")
+                flag(f"{label}.{k} was replaced by code from {o}")
                 if k in attrs:
                     setattr(obj, k, attrs[k])
                 elif k in vars(obj):
@@ -246,11 +246,11 @@ def _restore_kernel(state, shell):
                     for item in list(lst):
                         o = _origin(item)
                         if o:
-                            _flag(f"{label}.{k} holds code from {o} (a hook that runs around every cell)")
+                            flag(f"{label}.{k} holds code from {o} (a hook that runs around every cell)")
                             lst.remove(item)
     custom, tb = base["custom"]
     if shell.custom_exceptions != custom or vars(shell).get("CustomTB") is not tb:
-        _flag("a custom exception handler was installed (set_custom_exc)")
+        flag("a custom exception handler was installed (set_custom_exc)")
         shell.custom_exceptions = custom
         if tb is None:
             vars(shell).pop("CustomTB", None)
@@ -258,12 +258,12 @@ def _restore_kernel(state, shell):
             shell.CustomTB = tb
     trace, profile, excepthook, displayhook = base["hooks"]
     if sys.gettrace() is not trace or sys.getprofile() is not profile:
-        _flag("a trace or profile function (sys.settrace/sys.setprofile) was left installed")
+        flag("a trace or profile function (sys.settrace/sys.setprofile) was left installed")
         sys.settrace(trace)
         sys.setprofile(profile)
     if sys.excepthook is not excepthook or sys.displayhook is not displayhook:
-        _flag("sys.excepthook or sys.displayhook was replaced")
+        flag("sys.excepthook or sys.displayhook was replaced")
         sys.excepthook, sys.displayhook = excepthook, displayhook
     if os.environ.get("IPYKERNEL_CELL_NAME") != base["cell_name"]:
-        _flag("IPYKERNEL_CELL_NAME was set (every cell would share one file name)")
+        flag("IPYKERNEL_CELL_NAME was set (every cell would share one file name)")
         os.environ.pop("IPYKERNEL_CELL_NAME", None)

@@ -1,0 +1,8 @@
+"""Class runs: an instructor's class of submissions collected, checked, graded and merged, here and in CI.
+
+Used by `m11 grade --class` (grade_class) and the instructor repository's workflow (`python -m
+m11_helpers.grading.classroom.ci`). It may import every other room (the engine to grade, the
+sandbox to say what isolated a run, authoring to know the learner's copy of an exercise) and
+`grading.cells`; nothing in the other rooms imports it. `collect` and `ci` must import without
+pytest or torch (the workflow's collect and merge jobs install neither).
+"""
