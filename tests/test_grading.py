@@ -263,6 +263,19 @@ def test_hanging_cell_is_stopped_and_the_rest_graded(work: Path, variant: str) -
     assert not any("wall-clock limit" in n for n in data["notebooks"][0]["notes"])
 
 
+def test_a_kernel_that_stops_answering_is_stopped_and_the_rest_graded(work: Path) -> None:
+    """`submissions/frozen`: 0.1's answer is right but sets `builtins.isinstance = None`, after which the kernel
+    answers nothing (not the cell, not the guard, not a kernel_info); 0.2 is right. With the default limits (a
+    120 s cell timeout, 900 s per notebook) the grader notices the silence, stops that kernel and grades the
+    rest in a fresh one, well within a minute, naming why 0.1 scored 0; nothing is left running."""
+    start = time.monotonic()
+    rc, data = _grade(work, str(work / "submissions" / "frozen"))
+    assert time.monotonic() - start < 60
+    assert rc == 0 and _scores(data) == {"0.1": 0, "0.2": 3}
+    assert "the kernel stopped answering after" in data["notebooks"][0]["exercises"][0]["why"]
+    assert not psutil.Process().children(recursive=True)
+
+
 def test_kernel_killer_is_graded_past_its_death(work: Path) -> None:
     rc, data = _grade(work, str(work / "submissions" / "kill_exit"), "--cell-timeout", "20",
                       "--notebook-timeout", "60")

@@ -30,11 +30,12 @@ import pytest
 
 from m11_helpers.grading.cells import CHECK, COURSE, exercise_of, role_of
 from m11_helpers.grading.guard.driver import Guard, GuardReport
+from m11_helpers.grading.guard.quiet import Quiet
 from m11_helpers.grading.runenv import CWD_ENV, LOG_ENV, TIMEOUT_ENV
 from m11_helpers.procs import kill_descendants
 from m11_helpers.tools.fast_start import skip_iri_grammar
 
-__all__ = ["LOG_ENV", "CWD_ENV", "TIMEOUT_ENV", "GRACE_S", "KernelDied"]
+__all__ = ["LOG_ENV", "CWD_ENV", "TIMEOUT_ENV", "GRACE_S", "KernelDied", "KernelStalled"]
 GRACE_S = 10.0  # nbval interrupts at the timeout and gives up 5 s later; we step in after that
 MAX_TEXT = 4000  # a megabyte of output must not become a megabyte of report
 
@@ -46,6 +47,10 @@ _state: dict[str, Any] = {"log": None, "running": None, "alive_at_start": {}, "g
 
 class KernelDied(RuntimeError):
     """The kernel process exited while a cell was running."""
+
+
+class KernelStalled(KernelDied):
+    """The kernel stopped answering even its control channel: stopped, so the run goes on without it."""
 
 
 def _write(record: dict) -> None:
@@ -71,10 +76,26 @@ def _patch_nbval() -> None:
             # cell's source with context and colour (a tenth of the kernel's time in a run of wrong answers).
             self.kc.execute_interactive("get_ipython().InteractiveTB.set_mode('Plain')", silent=True,
                                         store_history=False, timeout=startup_timeout)
+            guard.answering = self.answering
             guard.baseline()
 
+        def answering(self, timeout: float = 5.0) -> bool:
+            """Does the kernel answer a kernel_info request on its control channel within `timeout`?"""
+            request = self.kc.session.msg("kernel_info_request")
+            self.kc.control_channel.send(request)
+            deadline = time.monotonic() + timeout
+            while (left := deadline - time.monotonic()) > 0:
+                try:
+                    reply = self.kc.control_channel.get_msg(timeout=left)
+                except Empty:
+                    break
+                if reply["parent_header"].get("msg_id") == request["header"]["msg_id"]:
+                    return True
+            return False
+
         def await_reply(self, msg_id, timeout=None):
-            deadline = None if timeout is None else time.monotonic() + timeout
+            start = time.monotonic()
+            deadline, quiet = None if timeout is None else start + timeout, Quiet(self.answering)
             while True:
                 left = 0.5 if deadline is None else min(0.5, deadline - time.monotonic())
                 if left <= 0:
@@ -85,6 +106,11 @@ def _patch_nbval() -> None:
                     if not self.is_alive():
                         raise KernelDied("the kernel died while running this cell "
                                          "(os._exit, a signal, a crash or out of memory)") from None
+                    if quiet.stalled(start):
+                        kill_descendants()  # the kernel (and its ranks): later cells find it dead, the runner reruns
+                        raise KernelStalled(f"the kernel stopped answering after {time.monotonic() - start:.0f} s "
+                                            "(not even its control channel, which answers while a cell computes): "
+                                            "the cell broke the kernel itself, e.g. its builtins") from None
 
     nbval.plugin.RunningKernel = GradedKernel
 
@@ -146,14 +172,22 @@ def pytest_runtest_call(item: pytest.Item):
         _state["running"] = (cell, time.monotonic())
         if role == CHECK and guard is not None and _kernel_alive(item):
             _state["guarded"][cell] = [guard.before(exercise, item.cell.source)]
+            _stop_if_stalled(guard)
     try:
         yield
     finally:
         if cell in _state["guarded"] and _kernel_alive(item):
             _state["guarded"][cell].append(guard.after(exercise))
+            _stop_if_stalled(guard)
         elif role == COURSE and guard is not None and _kernel_alive(item):
             guard.mark(item.cell.source)  # what the course's own cell defined stays the course's
         _state["running"] = None
+
+
+def _stop_if_stalled(guard: Guard) -> None:
+    """A kernel that stopped answering the guard is stopped: the cells after it fail at once, not at their timeouts."""
+    if guard.stalled:
+        kill_descendants()
 
 
 def _verdict(reports: list[GuardReport], nbval_passed: bool) -> dict[str, Any]:

@@ -35,6 +35,9 @@ import tempfile
 import time
 from pathlib import Path
 from queue import Empty
+from typing import Callable
+
+from m11_helpers.grading.guard.quiet import Quiet
 
 __all__ = ["VERIFIED", "KIT_MODULES", "verified_modules", "kernel_facing_modules", "GuardReport", "Guard", "library_roots", "defined_names", "free_names"]
 
@@ -186,6 +189,9 @@ class Guard:
         self.holder = f"_m11_guard_{secrets.token_hex(8)}"  # the class that keeps the kernel's exec and builtins
         self.state: int | None = None
         self.error = ""
+        # set by the plugin: does the kernel still answer its control channel? (engine/plugin.py, `Quiet`)
+        self.answering: Callable[[], bool] | None = None
+        self.stalled = False
 
     def _expression(self, mode: str, payload: dict) -> str:
         """The guard's code and arguments as one expression, run by `exec` and builtins captured at baseline.
@@ -215,7 +221,8 @@ class Guard:
         expr = self._expression(mode, payload)
         msg_id = self.kc.execute("", silent=True, store_history=False, user_expressions={"m11": expr},
                                  allow_stdin=False, stop_on_error=False)
-        deadline = time.monotonic() + self.timeout
+        start = time.monotonic()
+        deadline, quiet = start + self.timeout, Quiet(self.answering) if self.answering else None
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -223,6 +230,9 @@ class Guard:
             try:
                 msg = self.kc.get_shell_msg(timeout=min(left, 1.0))
             except Empty:
+                if quiet is not None and quiet.stalled(start):
+                    self.stalled = True
+                    return {"error": f"the kernel stopped answering the guard after {time.monotonic() - start:.0f} s"}
                 continue
             if msg["parent_header"].get("msg_id") == msg_id:
                 break
