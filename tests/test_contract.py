@@ -254,4 +254,9 @@ def test_grading_rooms_say_who_they_serve_share_no_private_names_and_import_in_o
     bad += [f"the top level (check-cell API) imports the room {r}" for r in sorted(reach["top"])]
     bad += [f"rooms {a} and {b} import each other" for a in rooms for b in sorted(reach[a]) if b != "top"
             and a < b and a in reach.get(b, set())]
+    route = (ROOT / "CONTRIBUTING.md").read_text(encoding="utf-8").split("## The grading route")[1].split("```")[1]
+    named = set(re.findall(r"\b([a-z_]+/)?([a-z_]+\.py)\b", route))
+    assert len(named) > 10, "CONTRIBUTING's grading route names the module at each step"
+    bad += [f"CONTRIBUTING's grading route names {d}{f}, which is not in grading/" for d, f in sorted(named)
+            if not (grading / d / f).is_file()]
     assert not bad, "\n".join(bad)
