@@ -154,7 +154,7 @@ def test_each_job_installs_what_its_commands_import(tmp_path: Path) -> None:
             "merge": [str(tmp_path / "shards"), "--submissions", str(subs), "--out", str(tmp_path / "reports")]}
     ran = []
     for job in ("collect", "grade", "merge"):
-        commands = dict.fromkeys(re.findall(r"m11_helpers\.grading\.ci (\w+)", "\n".join(runs[job])))
+        commands = dict.fromkeys(re.findall(r"m11_helpers\.grading\.classroom\.ci (\w+)", "\n".join(runs[job])))
         env = only_installed(runs[job], tmp_path / job, dict(os.environ, M11_GRADE_SANDBOX="auto"))
         for command in commands:
             proc = subprocess.run([sys.executable, "-m", "m11_helpers.grading.classroom.ci", command, *argv[command]], env=env,
