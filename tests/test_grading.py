@@ -279,6 +279,36 @@ def test_a_kernel_that_stops_answering_is_stopped_and_the_rest_graded(work: Path
     assert not psutil.Process().children(recursive=True)
 
 
+def test_a_guard_call_the_kernel_never_answers_ends_once_its_control_channel_is_silent(monkeypatch) -> None:
+    """The other way a broken kernel shows: the cell answered, the guard's request does not. The guard asks the
+    kernel's control channel while it waits and gives up once that is silent too (STALL_S, shortened here),
+    long before its own 60 s timeout; the plugin then stops the kernel (`_stop_if_stalled`)."""
+    from queue import Empty
+
+    from m11_helpers.grading.guard import quiet
+    from m11_helpers.grading.guard.driver import Guard
+
+    class Mute:  # a kernel client whose kernel takes requests and never replies
+        def execute(self, *a, **k):
+            return "request"
+
+        def get_shell_msg(self, timeout):
+            time.sleep(timeout)
+            raise Empty
+
+    monkeypatch.setattr(quiet, "PROBE_S", 0.1)
+    monkeypatch.setattr(quiet, "STALL_S", 0.5)
+    guard = Guard(Mute())
+    guard.state, guard.answering = 1, lambda: False
+    start = time.monotonic()
+    report = guard.after("1.1")
+    assert time.monotonic() - start < 10 and guard.stalled
+    assert report.error.startswith("the kernel stopped answering the guard after"), report
+    guard.answering, guard.stalled = lambda: True, False  # a busy kernel that still answers: the guard waits on
+    guard.timeout = 2.0
+    assert "did not answer the grader's guard within 2 s" in guard.after("1.1").error and not guard.stalled
+
+
 def test_kernel_killer_is_graded_past_its_death(work: Path) -> None:
     rc, data = _grade(work, str(work / "submissions" / "kill_exit"), "--cell-timeout", "20",
                       "--notebook-timeout", "60")
