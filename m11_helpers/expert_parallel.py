@@ -1,4 +1,5 @@
-"""Mixture of experts and expert parallelism: a top-k router, SwiGLU experts, capacity, token dropping, all-to-all.
+"""Mixture of experts and expert parallelism: a top-k router, SwiGLU experts, capacity, token dropping, all-to-all
+(lesson 12).
 
     moe = MoELayer(hidden=32, experts=8, top_k=2, ffn_hidden=64, capacity_factor=1.25, seed=0)
     y, aux = moe(x, groups=4)                 # one process: every expert here, capacity per group of tokens

@@ -1,4 +1,4 @@
-"""FSDP2 (`fully_shard`, DTensor) on a CPU device mesh: shard bytes, count the traffic, spot fallbacks.
+"""FSDP2 (`fully_shard`, DTensor) on a CPU device mesh: shard bytes, count the traffic, spot fallbacks (lesson 05).
 
     mesh = init_device_mesh("cpu", (world_size,))
     apply_fsdp(model, mesh, reshard_after_forward=True)   # each block, then the root: ZeRO-3

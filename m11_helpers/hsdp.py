@@ -1,4 +1,4 @@
-"""Hybrid sharded data parallelism (HSDP): FSDP inside a group, plain data parallelism across groups.
+"""Hybrid sharded data parallelism (HSDP): FSDP inside a group, plain data parallelism across groups (lesson 12).
 
     mesh = hsdp_mesh(replicate=2, shard=2)     # 4 ranks: {0,1} and {2,3} shard; {0,2} and {1,3} replicate
     report = hsdp_step_report(replicate=2, shard=2)   # on each rank (via launch): bytes, collectives, equality

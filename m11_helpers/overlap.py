@@ -1,4 +1,4 @@
-"""Overlap arithmetic: per-layer compute time against the communication that must hide behind it.
+"""Overlap arithmetic: per-layer compute time against the communication that must hide behind it (lesson 04).
 
     fsdp_overlap(RUNNING_EXAMPLE, tokens=4096, world=64, link=HGX_H100, flops=0.4 * 989.4e12)
     tp_overlap(RUNNING_EXAMPLE, tokens=4096, tp=8, link=NVLINK_H100, flops=...)

@@ -1,4 +1,4 @@
-"""A 3D-parallelism planner: model + cluster → feasible (dp, tp, pp), memory per GPU, communication.
+"""A 3D-parallelism planner: model + cluster → feasible (dp, tp, pp), memory per GPU, communication (lesson 04).
 
     plans = plan_3d(RUNNING_EXAMPLE, SELENE, gpus=64, global_batch=512)     # feasible, best first
     megatron_rule(MEGATRON_1T, SELENE, gpus=3072, global_batch=3072)       # TP inside a node, PP to fit, DP rest

@@ -1,4 +1,5 @@
-"""Sequence parallelism (Megatron-SP): tensor parallelism whose LayerNorm/residual regions are split along the sequence.
+"""Sequence parallelism (Megatron-SP): tensor parallelism whose LayerNorm/residual regions are split along the sequence
+(lesson 12).
 
     block = SPBlock(tiny_gpt().blocks[0])        # on each rank of the tensor-parallel group: its weight slices
     y_local = block(x_local)                     # x_local (B, T/t, C): this rank's part of the sequence

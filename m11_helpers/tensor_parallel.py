@@ -1,4 +1,4 @@
-"""Tensor parallelism (Megatron-LM, Shoeybi et al. 2019, §3), from scratch and with DTensor.
+"""Tensor parallelism (Megatron-LM, Shoeybi et al. 2019, §3), from scratch and with DTensor (lesson 04).
 
     fc = ColumnParallelLinear.from_linear(linear, rank, world)   # output features split: no communication
     proj = RowParallelLinear.from_linear(linear, rank, world)    # input features split: one all-reduce

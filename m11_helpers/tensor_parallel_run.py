@@ -1,4 +1,4 @@
-"""Tensor parallelism run on real ranks for the lesson: the sharded block against the unsharded one, the
+"""Tensor parallelism run on real ranks for lesson 04: the sharded block against the unsharded one, the
 column-parallel output claim, and the all-reduce bandwidth the layers would pay.
 
     res = launch(tp_demo, num_processes=2)          # from scratch and DTensor: equal, and what they send

@@ -1,4 +1,4 @@
-"""ZeRO-1 from scratch: each rank keeps and updates only its 1/N slice of AdamW's state.
+"""ZeRO-1 from scratch: each rank keeps and updates only its 1/N slice of AdamW's state (lesson 05).
 
     opt = ShardedAdamW(model.parameters(), lr=1e-3)   # inside a rank started by launch()
     loss.backward(); opt.step(); opt.zero_grad()      # no DDP wrapper: step() syncs the gradients

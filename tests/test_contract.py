@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from m11_helpers import lessons
+
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "m11_helpers"
 MAX_LINES = 300
@@ -19,14 +21,14 @@ TRACKER = re.compile(r"\b[Ii]ssues? ?#?\d+")
 
 
 def lesson_table() -> dict[str, tuple[list[str], list[str]]]:
-    """CONTRIBUTING.md's lesson table: row -> (modules, test files)."""
+    """The lesson table (m11_helpers/lessons.py): row -> (modules, test files)."""
+    return {r.name: (list(r.modules), list(r.tests)) for r in lessons.ROWS}
+
+
+def test_contributing_shows_the_lesson_table_of_lessons_py():
     text = (ROOT / "CONTRIBUTING.md").read_text(encoding="utf-8")
     body = text.split("<!-- lesson-table:start -->")[1].split("<!-- lesson-table:end -->")[0]
-    rows = {}
-    for line in body.strip().splitlines()[2:]:
-        name, modules, tests = (c.strip() for c in line.strip().strip("|").split("|"))
-        rows[name] = (re.findall(r"`([\w.]+)`", modules), re.findall(r"`([\w.]+)`", tests))
-    return rows
+    assert body.strip() == lessons.markdown_table(), "CONTRIBUTING.md's lesson table is generated: run `m11 where --table`"
 
 
 def modules() -> dict[str, Path]:
@@ -77,6 +79,18 @@ def test_every_lesson_has_a_row_and_every_row_its_test_files():
     for name, (_, tests) in rows.items():
         for t in tests:
             assert (ROOT / "tests" / t).is_file(), f"{name}: tests/{t} does not exist"
+
+
+def test_every_lesson_has_its_whole_room_and_each_module_names_its_lesson():
+    missing, unnamed = [], []
+    for row in lessons.LESSONS:
+        missing += [p for role, p in row.places().items() if role != "deck" and not (ROOT / p).is_file()]
+        for m in row.modules:
+            doc = ast.get_docstring(ast.parse((PKG / f"{m}.py").read_text(encoding="utf-8"))) or ""
+            if not re.search(rf"\b[Ll]esson {row.number}\b", doc):
+                unnamed.append(f"{m} (lesson {row.number})")
+    assert not missing, f"lessons.py names files that do not exist (m11 new-lesson writes them all): {missing}"
+    assert not unnamed, f"say 'lesson NN' in these modules' docstrings: {unnamed}"
 
 
 def test_every_module_is_imported_by_a_test():
