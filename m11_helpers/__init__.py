@@ -5,7 +5,7 @@
 
 The package has three layers (CONTRIBUTING.md, "The layout"): the **kit** every lesson uses
 (`launch/`, `models`, `data`, `config`, `quiz`, …) at the top, each **lesson's** own modules (named in
-CONTRIBUTING's lesson table), and the **tools** behind the `m11` command (`tools/`, `grading/`).
+`m11_helpers/lessons.py`, the lesson table), and the **tools** behind the `m11` command (`tools/`, `grading/`).
 This file stays light so `import m11_helpers` is instant: torch is imported by the modules that need it.
 """
 

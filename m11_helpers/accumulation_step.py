@@ -192,7 +192,7 @@ def composed_step_run(wrapper: str, steps: int = 3, k: int = 3, micro: int = 4, 
         changed = any(not torch.equal(b, _full(p)) for b, p in zip(before, model.parameters()))
         log.append({"step": s, "stepped": stepped, "weights changed": changed, "norm": norm,
                     "lr": sched.get_last_lr()[0], "scale": scaler.get_scale() if scaler else None})
-    comm = reduces[0] if reduces is not None else sum(kind == "reduce_scatter" for kind, _ in traffic.records)
+    comm = reduces[0] if reduces is not None else traffic.calls("reduce_scatter")
     out = {"log": log, "params": [_full(p).detach().clone() for p in model.parameters()], "grad_syncs": comm}
     del model  # a live DDP model at interpreter exit can abort the process (docs/cpu-distributed-facts.md)
     return out

@@ -1,4 +1,4 @@
-"""Attention three ways — naive, tiled with online softmax, FlashAttention-style — and the byte sums.
+"""Attention three ways — naive, tiled with online softmax, FlashAttention-style — and the byte sums (lesson 09).
 
     naive_attention(q, k, v, causal=True)                # materialises the (T, T) scores
     tiled_attention(q, k, v, block_q=16, block_k=16)     # online softmax, one (Bq, Bk) tile at a time

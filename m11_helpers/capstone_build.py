@@ -154,7 +154,7 @@ def _reductions(model):
     from m11_helpers.fsdp import TrafficCounter
 
     traffic = TrafficCounter().attach(model)
-    return lambda: sum(kind == "reduce_scatter" for kind, _ in traffic.records)
+    return lambda: traffic.calls("reduce_scatter")
 
 
 def step_trial(train_step: Callable, cases: list[list], watch: Callable = contextlib.nullcontext) -> list[dict]:

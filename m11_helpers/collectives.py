@@ -1,4 +1,4 @@
-"""Ring collectives written with point-to-point send/recv, and the timing loop that measures them.
+"""Ring collectives written with point-to-point send/recv, and the timing loop that measures them (lesson 02).
 
 Run inside ranks started by `m11_helpers.launch.launch` (torch.distributed already initialised):
 

@@ -1,4 +1,4 @@
-"""The latency–bandwidth (α–β) cost model of collectives, bus bandwidth, and fitting α, β to timings.
+"""The latency–bandwidth (α–β) cost model of collectives, bus bandwidth, and fitting α, β to timings (lesson 02).
 
 A message of S bytes between two ranks costs α + S·β: α is the per-message latency (seconds), β the
 inverse bandwidth (seconds per byte). Algorithms differ in how many such steps they take and how

@@ -1,4 +1,5 @@
-"""A training run's budget: how many FLOPs (6·N·D), how many days at a given MFU, what fits in a chip's memory.
+"""A training run's budget: how many FLOPs (6·N·D), how many days at a given MFU, what fits in a chip's memory
+(lesson 01).
 
     training_flops(175e9, 300e9)                                  # 3.15e23 (GPT-3)
     training_days(175e9, 300e9, 1024, 312e12, 140 / 312, flops_per_param_token=8)   # 33.9 (Megatron-LM)

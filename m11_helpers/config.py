@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from m11_helpers.validate import one_of, positive_int
+from m11_helpers.validate import one_of, positive_int, positive_real
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +67,18 @@ def param_count(cfg: TransformerConfig) -> int:
     embeddings = cfg.vocab_size * h + (cfg.seq_len * h if cfg.learned_positions else 0)
     head = 0 if cfg.tied_embeddings else cfg.vocab_size * h
     return embeddings + cfg.layers * per_layer + norm + head
+
+
+def layer_params(cfg: TransformerConfig) -> int:
+    """Parameters of one transformer layer: param_count with 2 layers minus with 1 (exact)."""
+    return param_count(dataclasses.replace(cfg, layers=2)) - param_count(dataclasses.replace(cfg, layers=1))
+
+
+def layer_flops(cfg: TransformerConfig, tokens: float, context: int | None = None, causal: bool = True) -> float:
+    """Forward FLOPs of one layer: 2·P_layer·tokens + 4·s·h·tokens (× ½ causal) (Narayanan et al. 2021, §5.1)."""
+    positive_real("tokens", tokens)
+    s = cfg.seq_len if context is None else positive_int("context", context)
+    return 2 * layer_params(cfg) * tokens + 4 * s * cfg.hidden * tokens * (0.5 if causal else 1.0)
 
 
 # Llama-2-7B's published shape (Touvron et al. 2023; HF config.json): 6,738,415,616 parameters.

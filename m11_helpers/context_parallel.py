@@ -1,4 +1,4 @@
-"""Context parallelism: ring attention over a sequence split across ranks, and the zigzag layout.
+"""Context parallelism: ring attention over a sequence split across ranks, and the zigzag layout (lesson 12).
 
     q_l, k_l, v_l = (shard_sequence(t, rank, world, "zigzag") for t in (q, k, v))   # (B, H, T/N, D) each
     out_l = ring_attention(q_l, k_l, v_l, causal=True, layout="zigzag")             # this rank's output chunk

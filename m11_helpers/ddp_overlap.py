@@ -1,4 +1,4 @@
-"""Overlap, seen and modelled: a DDP timeline recorded with a communication hook, and a step-time model.
+"""Overlap, seen and modelled: a DDP timeline recorded with a communication hook, and a step-time model (lesson 03).
 
     run = record_timeline(bucket_cap_mb=None)            # inside a rank started by launch(): DDP's defaults
     plot_timeline(run["iterations"][2:])

@@ -1,4 +1,5 @@
-"""Mixture of experts and expert parallelism: a top-k router, SwiGLU experts, capacity, token dropping, all-to-all.
+"""Mixture of experts and expert parallelism: a top-k router, SwiGLU experts, capacity, token dropping, all-to-all
+(lesson 12).
 
     moe = MoELayer(hidden=32, experts=8, top_k=2, ffn_hidden=64, capacity_factor=1.25, seed=0)
     y, aux = moe(x, groups=4)                 # one process: every expert here, capacity per group of tokens
@@ -22,7 +23,6 @@ all-to-all). Equal to the single-process layer (with groups = N) token for token
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import math
 
@@ -31,6 +31,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from m11_helpers.comm_count import CommCounter
 from m11_helpers.comm_model import ring_bytes_sent
 from m11_helpers.model_states import gradient_bytes
 from m11_helpers.validate import non_negative_real, positive_int, positive_real
@@ -38,8 +39,9 @@ from m11_helpers.validate import non_negative_real, positive_int, positive_real
 __all__ = ["COMM", "SwiGLUExpert", "Routing", "expert_capacity", "route", "load_balancing_loss", "MoELayer",
            "all_to_all", "ExpertParallelMoE", "all_to_all_bytes", "dp_all_reduce_bytes"]
 
-# "all_to_all" calls of tokens and "all_to_all bytes" sent to other ranks; "all_to_all (counts)": the small count exchanges
-COMM: collections.Counter = collections.Counter()
+# "all_to_all": the token exchanges, payload = this rank's send buffer, wire = the rows sent to other ranks;
+# "all_to_all (counts)": the small exchanges of per-expert token counts before them
+COMM = CommCounter()
 
 
 class SwiGLUExpert(nn.Module):
@@ -164,8 +166,7 @@ def _exchange(x: torch.Tensor, send: list[int], recv: list[int], group) -> torch
     dist.all_to_all_single(out, x.contiguous(), output_split_sizes=recv, input_split_sizes=send, group=group)
     me = dist.get_rank(group)
     row = x[0].numel() * x.element_size() if x.shape[0] else 0
-    COMM["all_to_all"] += 1
-    COMM["all_to_all bytes"] += (sum(send) - send[me]) * row  # what leaves this rank
+    COMM.add("all_to_all", sum(send) * row, (sum(send) - send[me]) * row, sum(send) * x[0].numel() if x.shape[0] else 0)
     return out
 
 
@@ -196,7 +197,8 @@ class ExpertParallelMoE(nn.Module):
         counts = torch.bincount(e, minlength=self.moe.num_experts)  # (E,) tokens for each expert
         recv_counts = torch.empty_like(counts)  # (N·E/N,): from each rank, its counts for my experts
         dist.all_to_all_single(recv_counts, counts, group=self.group)
-        COMM["all_to_all (counts)"] += 1
+        size = counts.element_size()
+        COMM.add("all_to_all (counts)", counts.numel() * size, (self.world - 1) * self.per_rank * size, counts.numel())
         send = counts.view(self.world, self.per_rank).sum(1).tolist()
         recv = recv_counts.view(self.world, self.per_rank).sum(1).tolist()
         arrived = all_to_all(x[tok], send, recv, self.group)  # (Σ recv, h): by source rank, then expert

@@ -1,4 +1,4 @@
-"""FSDP2 (`fully_shard`, DTensor) on a CPU device mesh: shard bytes, count the traffic, spot fallbacks.
+"""FSDP2 (`fully_shard`, DTensor) on a CPU device mesh: shard bytes, count the traffic, spot fallbacks (lesson 05).
 
     mesh = init_device_mesh("cpu", (world_size,))
     apply_fsdp(model, mesh, reshard_after_forward=True)   # each block, then the root: ZeRO-3
@@ -28,6 +28,10 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from m11_helpers.comm_count import CommCounter
+from m11_helpers.comm_model import bus_factor
+from m11_helpers.compare import max_diff
+
 __all__ = ["apply_fsdp", "local_param_numel", "TrafficCounter", "is_sharded",
            "fsdp_step_report", "fsdp_memory_report", "accelerate_fsdp_probe"]
 
@@ -56,34 +60,34 @@ def is_sharded(model: nn.Module) -> bool:
     return any(isinstance(p, DTensor) for p in model.parameters())
 
 
-class TrafficCounter:
-    """Counts FSDP2's collectives by installing counting versions of its default all-gather / reduce-scatter.
+class TrafficCounter(CommCounter):
+    """FSDP2's collectives, counted into the kit's `comm_count.CommCounter` by counting versions of its default
+    all-gather / reduce-scatter.
 
-    Each record is (kind, elements): for an all-gather the gathered (full) tensor, for a
-    reduce-scatter the full input tensor — the Ψ of the ZeRO paper's accounting (§7).
+    Per call: the payload this rank passed (its shard, its full gradient input), wire (N−1)/N·S of a
+    ring (`comm_model.bus_factor`), and in `elements` the size S: the gathered (full) tensor of an
+    all-gather, the full input of a reduce-scatter — the Ψ of the ZeRO paper's accounting (§7).
+    `totals()` gives the elements per kind and the calls.
     """
 
-    def __init__(self):
-        self.records: list[tuple[str, int]] = []
-
     def attach(self, model: nn.Module) -> "TrafficCounter":
-        records = self.records
         try:  # private and version-dependent (FSDP2's default collectives): only the counter needs them
             from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
         except ImportError as err:
             raise RuntimeError(f"TrafficCounter needs FSDP2's DefaultAllGather/DefaultReduceScatter (private, "
                                f"torch.distributed.fsdp._fully_shard._fsdp_collectives), which torch "
                                f"{torch.__version__} does not have: {err}") from err
+        count = self._count
 
         class CountingAllGather(DefaultAllGather):
             def __call__(self, output_tensor, input_tensor, group, async_op=False):
-                records.append(("all_gather", output_tensor.numel()))  # (N·S,) gathered
+                count("all_gather", input_tensor, output_tensor, group)  # (S,) this rank's, (N·S,) gathered
                 return super().__call__(output_tensor=output_tensor, input_tensor=input_tensor, group=group,
                                         async_op=async_op)
 
         class CountingReduceScatter(DefaultReduceScatter):
             def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
-                records.append(("reduce_scatter", input_tensor.numel()))  # (N·S,) reduced
+                count("reduce_scatter", input_tensor, input_tensor, group)  # (N·S,) reduced
                 return super().__call__(output_tensor=output_tensor, input_tensor=input_tensor, group=group,
                                         op=op, async_op=async_op)
 
@@ -97,15 +101,18 @@ class TrafficCounter:
             raise ValueError("model has no FSDPModule: call fully_shard (apply_fsdp) before attaching the counter")
         return self
 
+    def _count(self, op: str, passed: torch.Tensor, full: torch.Tensor, group) -> None:
+        size = full.numel() * full.element_size()  # S
+        self.add(op, passed.numel() * passed.element_size(), bus_factor(op, dist.get_world_size(group)) * size,
+                 full.numel())
+
     def reset(self) -> None:
-        self.records.clear()
+        self.clear()
 
     def totals(self) -> dict[str, int]:
         """Elements per kind since the last reset, and the number of calls."""
-        out = {"all_gather": 0, "reduce_scatter": 0, "calls": len(self.records)}
-        for kind, n in self.records:
-            out[kind] += n
-        return out
+        return {"all_gather": self.elements("all_gather"), "reduce_scatter": self.elements("reduce_scatter"),
+                "calls": self.calls()}
 
 
 def fsdp_step_report(reshard_after_forward: bool = True, batch: int = 8, seed: int = 0) -> dict:
@@ -128,8 +135,7 @@ def fsdp_step_report(reshard_after_forward: bool = True, batch: int = 8, seed: i
     traffic = counter.totals()
     ddp = DDP(tiny_gpt(seed))
     ddp(x, x).backward()
-    diff = max((p.grad.full_tensor() - q.grad).abs().max().item()
-               for p, q in zip(model.parameters(), ddp.module.parameters()))
+    diff = max_diff([p.grad for p in model.parameters()], [q.grad for q in ddp.module.parameters()])
     del ddp  # a live DDP model at exit can abort the process (docs/cpu-distributed-facts.md)
     return {"rank": rank, "world_size": n, "num_params": total, "local_params": local,
             "all_gather": traffic["all_gather"], "reduce_scatter": traffic["reduce_scatter"],

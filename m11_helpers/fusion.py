@@ -1,4 +1,5 @@
-"""Kernel fusion: the same LayerNorm → bias → GELU chain as many kernels or as one, and the bytes each moves.
+"""Kernel fusion: the same LayerNorm → bias → GELU chain as many kernels or as one, and the bytes each moves
+(lesson 09).
 
     ln_bias_gelu_unfused(x, w, b, bias)    # one PyTorch op per arithmetic step: 19 kernels
     ln_bias_gelu_library(x, w, b, bias)    # F.layer_norm + add + F.gelu: 3 library kernels

@@ -1,4 +1,5 @@
-"""Accelerator spec sheets as data: peak dense FLOP/s per dtype, memory, bandwidth, links, each with its source.
+"""Accelerator spec sheets as data: peak dense FLOP/s per dtype, memory, bandwidth, links, each with its source
+(lesson 01).
 
 Every figure is the vendor's *dense* peak (no 2:4 structured sparsity). Where a datasheet prints only
 the sparse figure (NVIDIA marks these "with sparsity"), the row stores half of it and says so in its

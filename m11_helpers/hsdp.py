@@ -1,4 +1,4 @@
-"""Hybrid sharded data parallelism (HSDP): FSDP inside a group, plain data parallelism across groups.
+"""Hybrid sharded data parallelism (HSDP): FSDP inside a group, plain data parallelism across groups (lesson 12).
 
     mesh = hsdp_mesh(replicate=2, shard=2)     # 4 ranks: {0,1} and {2,3} shard; {0,2} and {1,3} replicate
     report = hsdp_step_report(replicate=2, shard=2)   # on each rank (via launch): bytes, collectives, equality
@@ -20,12 +20,19 @@ flat ring pays 2(N−1) latency steps for every per-layer collective.
 
 from __future__ import annotations
 
-import collections
-
 import torch
 import torch.distributed as dist
 
-from m11_helpers.comm_model import Fabric, cluster_collective_time, inter_node_bytes, ring_collective_time
+from m11_helpers.comm_count import CommCounter
+from m11_helpers.comm_model import (
+    COLLECTIVES,
+    Fabric,
+    bus_factor,
+    cluster_collective_time,
+    inter_node_bytes,
+    ring_collective_time,
+)
+from m11_helpers.compare import max_diff
 from m11_helpers.fsdp import apply_fsdp, init_device_mesh, local_param_numel
 from m11_helpers.validate import non_negative_real, positive_int
 
@@ -42,12 +49,16 @@ def hsdp_mesh(replicate: int, shard: int):
 
 
 def _summarise(events) -> dict:
-    """op -> {calls, payload bytes} from record_comm events (payload = the tensor this rank passed in)."""
-    out: dict = collections.defaultdict(lambda: {"calls": 0, "bytes": 0})
+    """op -> {calls, payload, wire, elements} (comm_count) from record_comm events: payload = the tensor this
+    rank passed in, wire = a ring's bytes over the group of the call (bus factor × S; S = g × an all-gather's
+    shard); elements are not counted (0)."""
+    count = CommCounter()
     for e in events:
-        out[e.op]["calls"] += 1
-        out[e.op]["bytes"] += e.nbytes
-    return dict(out)
+        g = len(e.group) if e.group else dist.get_world_size()
+        kind = e.op.removesuffix("_single").removesuffix("_into_tensor").removesuffix("_tensor")
+        size = e.nbytes * g if kind == "all_gather" else e.nbytes  # S
+        count.add(e.op, e.nbytes, (bus_factor(kind, g) if kind in COLLECTIVES else 1.0) * size)  # else: p2p
+    return count.table()
 
 
 def hsdp_step_report(replicate: int = 2, shard: int = 2, batch: int = 8, seed: int = 0) -> dict:
@@ -76,8 +87,7 @@ def hsdp_step_report(replicate: int = 2, shard: int = 2, batch: int = 8, seed: i
             "param_bytes": local_param_numel(model) * 4,
             "placements": str(next(model.parameters()).placements),
             "comm": _summarise(log.events),
-            "max_grad_diff": max((p.grad.full_tensor() - q.grad).abs().max().item()
-                                 for p, q in zip(model.parameters(), ref.parameters())),
+            "max_grad_diff": max_diff([p.grad for p in model.parameters()], [q.grad for q in ref.parameters()]),
         }
     return out
 

@@ -19,15 +19,12 @@ from m11_helpers import expert_parallel as ep
 from m11_helpers import sequence_parallel as sp
 from m11_helpers import tensor_parallel as tp
 from m11_helpers.attention import flash_attention, naive_attention
+from m11_helpers.compare import max_diff
 from m11_helpers.context_parallel import LAYOUTS, ring_attention, shard_sequence
 from m11_helpers.memory import saved_activation_bytes, track_saved_tensors
 from m11_helpers.models import tiny_gpt
 
 __all__ = ["sp_run", "ring_run", "ep_run"]
-
-
-def _diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    return (a - b).abs().max().item()
 
 
 def sp_run(batch: int = 2, seq_len: int = 32, seed: int = 0) -> dict:
@@ -47,16 +44,15 @@ def sp_run(batch: int = 2, seq_len: int = 32, seed: int = 0) -> dict:
         y = block(xl)
         y.square().sum().backward()
         sp.sync_sequence_parallel_grads(block)
-        out[name] = {"diff_y": _diff(y, ref.chunk(n, dim=1)[r]), "diff_dx": _diff(xl.grad, xr.grad.chunk(n, dim=1)[r]),
-                     "diff_ln_grad": _diff(block.ln_1.weight.grad, ref_block.ln_1.weight.grad),
-                     "comm": dict(sp.COMM),
+        out[name] = {"diff_y": max_diff(y, ref.chunk(n, dim=1)[r]), "diff_dx": max_diff(xl.grad, xr.grad.chunk(n, dim=1)[r]),
+                     "diff_ln_grad": max_diff(block.ln_1.weight.grad, ref_block.ln_1.weight.grad),
+                     "comm": sp.COMM.table(),
                      "bytes": saved_activation_bytes(sp.SPBlock(tiny_gpt(seed).blocks[0], regather=regather),
                                                      x.float().chunk(n, dim=1)[r].clone().requires_grad_())}
     tpb = tp.TPBlock(tiny_gpt(seed).blocks[0].double())
     tp.COMM.clear()
     tpb(x.clone().requires_grad_()).square().sum().backward()
-    out["TP"] = {"comm": {"all_reduce": tp.COMM["all_reduce"],
-                          "all_reduce bytes": sp.ring_bytes("all_reduce", tp.COMM["bytes"], n)},
+    out["TP"] = {"comm": tp.COMM.table(),  # op -> calls, payload, wire (comm_count)
                  "bytes": saved_activation_bytes(tp.TPBlock(tiny_gpt(seed).blocks[0]), x.float().requires_grad_())}
     return out
 
@@ -76,8 +72,8 @@ def ring_run(batch: int = 1, heads: int = 2, seq_len: int = 64, head_dim: int = 
             stats: dict = {}
             o = ring_attention(*mine, causal, layout=layout, stats=stats)
             grads = torch.autograd.grad(o, mine, shard_sequence(do, r, n, layout))
-            diffs = [_diff(o, shard_sequence(ref, r, n, layout))]
-            diffs += [_diff(a, shard_sequence(b, r, n, layout)) for a, b in zip(grads, ref_grads)]
+            diffs = [max_diff(o, shard_sequence(ref, r, n, layout))]
+            diffs += [max_diff(a, shard_sequence(b, r, n, layout)) for a, b in zip(grads, ref_grads)]
             out[(causal, layout)] = {"max_diff": max(diffs), **stats}
     qf, kf, vf = (t.float() for t in (q, k, v))
     mine = [shard_sequence(t, r, n, "zigzag").requires_grad_() for t in (qf, kf, vf)]
@@ -110,8 +106,8 @@ def ep_run(capacity_factors=(None, 2.0, 1.25, 1.0, 0.5), tokens: int = 64, hidde
         y, aux = layer(xl)
         y.square().sum().backward()
         first = r * layer.per_rank
-        out[cf] = {"diff_y": _diff(y, y_ref.chunk(n)[r]), "diff_dx": _diff(xl.grad, xr.grad.chunk(n)[r]),
-                   "diff_expert_grad": max(_diff(e.w1.weight.grad, ref_w1[first + i]) for i, e in enumerate(layer.local)),
-                   "dropped": layer.last_dropped, "aux": aux.item(), "comm": dict(ep.COMM)}
+        out[cf] = {"diff_y": max_diff(y, y_ref.chunk(n)[r]), "diff_dx": max_diff(xl.grad, xr.grad.chunk(n)[r]),
+                   "diff_expert_grad": max(max_diff(e.w1.weight.grad, ref_w1[first + i]) for i, e in enumerate(layer.local)),
+                   "dropped": layer.last_dropped, "aux": aux.item(), "comm": ep.COMM.table()}
     out["expert_params"] = sum(p.numel() for p in moe.experts.parameters())
     return out

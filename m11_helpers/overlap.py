@@ -1,4 +1,4 @@
-"""Overlap arithmetic: per-layer compute time against the communication that must hide behind it.
+"""Overlap arithmetic: per-layer compute time against the communication that must hide behind it (lesson 04).
 
     fsdp_overlap(RUNNING_EXAMPLE, tokens=4096, world=64, link=HGX_H100, flops=0.4 * 989.4e12)
     tp_overlap(RUNNING_EXAMPLE, tokens=4096, tp=8, link=NVLINK_H100, flops=...)
@@ -33,9 +33,8 @@ import dataclasses
 import math
 
 from m11_helpers.comm_model import Fabric, group_link, ring_collective_time
-from m11_helpers.config import TransformerConfig
+from m11_helpers.config import TransformerConfig, layer_flops, layer_params  # the kit's per-layer counts
 from m11_helpers.hardware_specs import Link
-from m11_helpers.planner import layer_params  # the one per-layer parameter count (lesson 04's planner)
 from m11_helpers.validate import fraction, one_of, positive_int, positive_real
 
 __all__ = ["Overlap", "layer_params", "layer_flops", "ring_link", "fsdp_overlap", "tp_overlap", "cp_overlap",
@@ -63,13 +62,6 @@ class Overlap:
     def ratio(self) -> float:
         """comm / compute: ≤ 1 means it hides."""
         return self.comm_s / self.compute_s if self.compute_s > 0 else math.inf
-
-
-def layer_flops(cfg: TransformerConfig, tokens: float, context: int | None = None, causal: bool = True) -> float:
-    """Forward FLOPs of one layer: 2·P_layer·tokens + 4·s·h·tokens (× ½ causal) (Narayanan et al. 2021, §5.1)."""
-    positive_real("tokens", tokens)
-    s = cfg.seq_len if context is None else positive_int("context", context)
-    return 2 * layer_params(cfg) * tokens + 4 * s * cfg.hidden * tokens * (0.5 if causal else 1.0)
 
 
 def ring_link(link: Link | Fabric, n: int) -> Link:

@@ -1,4 +1,4 @@
-"""Pipeline schedules as pure functions: the bubble, who runs what and when, and the timeline's chart.
+"""Pipeline schedules as pure functions: the bubble, who runs what and when, and the timeline's chart (lesson 04).
 
     ops = simulate(stages=4, microbatches=8, schedule="1f1b")       # a timeline of Op(stage, kind, micro, …)
     plot_timeline(ops); timeline_bubble(ops)                          # == bubble_fraction(4, 8)

@@ -1,4 +1,5 @@
-"""What pipeline stages send each other: activations forward, their gradients back, and the tied weights' sum.
+"""What pipeline stages send each other: activations forward, their gradients back, and the tied weights' sum
+(lesson 04).
 
     send_forward(h, dst=1)                 # stage s -> s+1: the activations of one micro-batch
     h = recv_forward(shape, src=0)         # ... arrive as a leaf that will collect their gradient

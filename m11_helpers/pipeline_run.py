@@ -1,4 +1,5 @@
-"""Real pipelined steps on real processes: the tiny GPT cut into stages, run by `torch.distributed.pipelining`.
+"""Real pipelined steps on real processes: the tiny GPT cut into stages, run by `torch.distributed.pipelining`
+(lesson 04).
 
     results = launch(run_schedules, [("gpipe", 8), ("1f1b", 8)], num_processes=4)   # timed ops, loss, grads
     merged = gather([r[0] for r in results])                                         # one timeline, all grads

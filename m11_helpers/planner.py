@@ -1,4 +1,4 @@
-"""A 3D-parallelism planner: model + cluster → feasible (dp, tp, pp), memory per GPU, communication.
+"""A 3D-parallelism planner: model + cluster → feasible (dp, tp, pp), memory per GPU, communication (lesson 04).
 
     plans = plan_3d(RUNNING_EXAMPLE, SELENE, gpus=64, global_batch=512)     # feasible, best first
     megatron_rule(MEGATRON_1T, SELENE, gpus=3072, global_batch=3072)       # TP inside a node, PP to fit, DP rest
@@ -21,7 +21,7 @@ import math
 
 from m11_helpers.activations import activation_bytes
 from m11_helpers.comm_model import Fabric, group_link, ring_bytes_sent
-from m11_helpers.config import TransformerConfig, param_count
+from m11_helpers.config import TransformerConfig, layer_params, param_count
 from m11_helpers.hardware_specs import LINKS, Link, chip
 from m11_helpers.model_states import LAYOUTS, gradient_bytes, model_state_bytes
 from m11_helpers.pipeline_comm import p2p_bytes
@@ -119,11 +119,6 @@ class Plan3D:
     def __str__(self) -> str:
         return (f"dp={self.dp:<4} tp={self.tp:<2} pp={self.pp:<3} m={self.microbatches:<5} "
                 f"mem {self.memory_gb['total']:6.1f} GB  bubble {self.bubble:5.1%}  step ≈ {self.step_s:6.2f} s")
-
-
-def layer_params(cfg: TransformerConfig) -> int:
-    """Parameters of one transformer layer: param_count with 2 layers minus with 1 (exact)."""
-    return param_count(dataclasses.replace(cfg, layers=2)) - param_count(dataclasses.replace(cfg, layers=1))
 
 
 def first_stage_params(cfg: TransformerConfig, pp: int) -> int:

@@ -1,4 +1,4 @@
-"""A 5D planner: lesson 04's 3D planner (DP × TP × PP) plus sequence, context and expert parallelism.
+"""A 5D planner: lesson 04's 3D planner (DP × TP × PP) plus sequence, context and expert parallelism (lesson 12).
 
     evaluate_5d(LLAMA3_405B_128K, META_H100, tp=8, cp=16, pp=16, dp=8, global_batch=128)   # one layout
     plan_5d(MOE_7B, H100_CLUSTER, gpus=64, global_batch=64)                                # every layout that fits

@@ -1,4 +1,4 @@
-"""Where a data-parallel training step's time goes, read from `torch.profiler` on every rank.
+"""Where a data-parallel training step's time goes, read from `torch.profiler` on every rank (lesson 09).
 
     per_rank = profile_data_parallel(num_processes=2, steps=2, trace_dir="traces")
     per_rank[0]["compute_ms"], ["comm_ms"], ["other_ms"], ["wall_ms"], ["top_ops"], ["trace"]

@@ -1,8 +1,8 @@
 """The course's one quiz widget: multiple choice, feedback per answer, a running score.
 
-    quiz("03_data_parallel")          # the lesson's questions, from m11_helpers/quizzes/03_data_parallel.py
+    quiz("03_data_parallel")          # the lesson's questions, from m11_helpers/quizzes/q03_data_parallel.py
 
-A lesson's questions live in `m11_helpers/quizzes/NN_topic.py` as `QUESTIONS = [Question(...), ...]`,
+A lesson's questions live in `m11_helpers/quizzes/qNN_topic.py` as `QUESTIONS = [Question(...), ...]`,
 not in the notebook, so the answer index is not on the learner's screen (or slide)::
 
     Question("You double the ranks at a fixed per-rank batch. The all-reduce's bytes per rank…",
@@ -116,7 +116,7 @@ class Quiz:
 
 
 def lesson_questions(lesson: str) -> list[Question]:
-    """`QUESTIONS` of m11_helpers/quizzes/<lesson>.py (e.g. "03_data_parallel")."""
+    """`QUESTIONS` of m11_helpers/quizzes/q<lesson>.py (e.g. "03_data_parallel": q03_data_parallel.py)."""
     import importlib
 
     try:

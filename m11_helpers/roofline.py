@@ -1,4 +1,4 @@
-"""The roofline (Williams, Waterman & Patterson 2009): what a kernel can reach on a chip, from two numbers.
+"""The roofline (Williams, Waterman & Patterson 2009): what a kernel can reach on a chip, from two numbers (lesson 01).
 
     matmul_intensity(4096, 4096, 4096, "bf16")          # 1365.3 FLOP/byte
     roofline_point(chip("H100 SXM"), 1, 4096, 4096)      # one token through a layer: memory-bound

@@ -1,4 +1,5 @@
-"""Sequence parallelism (Megatron-SP): tensor parallelism whose LayerNorm/residual regions are split along the sequence.
+"""Sequence parallelism (Megatron-SP): tensor parallelism whose LayerNorm/residual regions are split along the sequence
+(lesson 12).
 
     block = SPBlock(tiny_gpt().blocks[0])        # on each rank of the tensor-parallel group: its weight slices
     y_local = block(x_local)                     # x_local (B, T/t, C): this rank's part of the sequence
@@ -22,22 +23,21 @@ default process group (the whole world is the tensor-parallel group).
 
 from __future__ import annotations
 
-import collections
-
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
 from m11_helpers.collectives import backend_all_gather, backend_reduce_scatter
+from m11_helpers.comm_count import CommCounter
 from m11_helpers.comm_model import bus_factor
 from m11_helpers.tensor_parallel import TPMLP, TPAttention
 
 __all__ = ["COMM", "gather_sequence", "scatter_sequence", "gather_linear", "SPBlock",
            "sync_sequence_parallel_grads", "ring_bytes"]
 
-# op -> calls; "<op> bytes" -> bytes this rank sent on a ring (what lesson 02 counts)
-COMM: collections.Counter = collections.Counter()
+# per op: calls, payload (the shard gathered, the full input reduce-scattered), wire = ring bytes sent
+COMM = CommCounter()
 
 
 def ring_bytes(op: str, full_bytes: float, world: int) -> float:
@@ -47,8 +47,9 @@ def ring_bytes(op: str, full_bytes: float, world: int) -> float:
 
 
 def _note(op: str, full: torch.Tensor, world: int) -> None:
-    COMM[op] += 1
-    COMM[f"{op} bytes"] += ring_bytes(op, full.numel() * full.element_size(), world)
+    """Count one collective over the (B, T, C) tensor `full`: an all-gather's output, a reduce-scatter's input."""
+    size = full.numel() * full.element_size()  # S
+    COMM.add(op, size / world if op == "all_gather" else size, ring_bytes(op, size, world), full.numel())
 
 
 def _all_gather_seq(x: torch.Tensor) -> torch.Tensor:

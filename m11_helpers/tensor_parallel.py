@@ -1,4 +1,4 @@
-"""Tensor parallelism (Megatron-LM, Shoeybi et al. 2019, §3), from scratch and with DTensor.
+"""Tensor parallelism (Megatron-LM, Shoeybi et al. 2019, §3), from scratch and with DTensor (lesson 04).
 
     fc = ColumnParallelLinear.from_linear(linear, rank, world)   # output features split: no communication
     proj = RowParallelLinear.from_linear(linear, rank, world)    # input features split: one all-reduce
@@ -7,27 +7,28 @@
 
 Each rank holds a slice of every weight. Two conjugate operators carry the communication:
 `f` (identity forward, all-reduce backward) before a column-parallel layer and `g` (all-reduce
-forward, identity backward) after a row-parallel one (the paper's Figure 3). `COMM` counts the
-all-reduces and their bytes, so a lesson can show "two all-reduces per layer forward".
+forward, identity backward) after a row-parallel one (the paper's Figure 3). `COMM` (the kit's
+`comm_count.CommCounter`) counts the all-reduces, their payload and their ring wire bytes, so a lesson
+can show "two all-reduces per layer forward".
 """
 
 from __future__ import annotations
-
-import collections
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from m11_helpers.comm_count import CommCounter
+from m11_helpers.comm_model import bus_factor
 from m11_helpers.validate import positive_int
 
-COMM: collections.Counter = collections.Counter()  # "all_reduce" -> calls, "bytes" -> payload bytes
+COMM = CommCounter()  # "all_reduce": calls, payload (the tensor reduced), wire 2(N−1)/N·payload of a ring
 
 
 def _all_reduce(x: torch.Tensor, group=None) -> torch.Tensor:
-    COMM["all_reduce"] += 1
-    COMM["bytes"] += x.numel() * x.element_size()
+    payload = x.numel() * x.element_size()
+    COMM.add("all_reduce", payload, bus_factor("all_reduce", dist.get_world_size(group)) * payload, x.numel())
     x = x.contiguous()
     dist.all_reduce(x, group=group)
     return x

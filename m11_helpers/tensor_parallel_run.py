@@ -1,4 +1,4 @@
-"""Tensor parallelism run on real ranks for the lesson: the sharded block against the unsharded one, the
+"""Tensor parallelism run on real ranks for lesson 04: the sharded block against the unsharded one, the
 column-parallel output claim, and the all-reduce bandwidth the layers would pay.
 
     res = launch(tp_demo, num_processes=2)          # from scratch and DTensor: equal, and what they send
@@ -19,14 +19,11 @@ import torch.nn.functional as F
 
 from m11_helpers import tensor_parallel as tp
 from m11_helpers.comm_model import busbw
+from m11_helpers.compare import max_diff
 from m11_helpers.timing import time_it
 from m11_helpers.validate import positive_int
 
 __all__ = ["tp_demo", "column_output_demo", "allreduce_busbw", "lesson_runs"]
-
-
-def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    return (a.detach() - b.detach()).abs().max().item()
 
 
 def tp_demo(seed: int = 0) -> dict:
@@ -50,12 +47,12 @@ def tp_demo(seed: int = 0) -> dict:
     sharded = tp.TPBlock(copy.deepcopy(block), rank, world)  # column/row-parallel attention (heads split) + MLP
     tp.COMM.clear()
     y = sharded(x)  # (B, T, C)
-    fwd = tp.COMM["all_reduce"]
+    fwd = tp.COMM.calls("all_reduce")
     y.sum().backward()
     n = block.mlp.fc.out_features // world
-    out = {"max_diff": _max_diff(y, ref), "dx_diff": _max_diff(x.grad, ref_dx),
-           "fc_grad_diff": _max_diff(sharded.mlp.fc.weight.grad, block.mlp.fc.weight.grad[rank * n:(rank + 1) * n]),
-           "forward": fwd, "backward": tp.COMM["all_reduce"] - fwd,
+    out = {"max_diff": max_diff(y, ref), "dx_diff": max_diff(x.grad, ref_dx),
+           "fc_grad_diff": max_diff(sharded.mlp.fc.weight.grad, block.mlp.fc.weight.grad[rank * n:(rank + 1) * n]),
+           "forward": fwd, "backward": tp.COMM.calls("all_reduce") - fwd,
            "weight_shape": tuple(sharded.mlp.fc.weight.shape), "full_shape": tuple(block.mlp.fc.weight.shape)}
 
     # The same MLP with DTensor: ColwiseParallel / RowwiseParallel, collectives counted by CommDebugMode.
@@ -65,7 +62,7 @@ def tp_demo(seed: int = 0) -> dict:
     yd = dmlp(x)
     yd = yd.full_tensor() if isinstance(yd, DTensor) else yd
     yd = yd.wait() if hasattr(yd, "wait") else yd  # RowwiseParallel may return an AsyncCollectiveTensor
-    out.update(dtensor_diff=_max_diff(yd, block.mlp(x)), dtensor_counts=counts,
+    out.update(dtensor_diff=max_diff(yd, block.mlp(x)), dtensor_counts=counts,
                dtensor_weight=f"{type(dmlp.fc.weight).__name__} {dmlp.fc.weight.placements}")
     return out
 
@@ -96,7 +93,7 @@ def column_output_demo(seed: int = 0) -> dict:
             "allreduce_equals_slice": bool(torch.allclose(summed, full[:, rank * y_local.shape[1]:(rank + 1) * y_local.shape[1]])),
             "allgather_equals_full": bool(torch.allclose(gathered, full, atol=1e-6)),
             "row_output_equals_mlp": bool(torch.allclose(out, mlp(x), atol=1e-5)),
-            "all_reduces_col_to_row": tp.COMM["all_reduce"]}
+            "all_reduces_col_to_row": tp.COMM.calls("all_reduce")}
 
 
 def allreduce_busbw(megabytes: int = 8, repeats: int = 5) -> tuple[str, float]:

@@ -1,4 +1,4 @@
-"""What ZeRO's stages take away from each data-parallel rank: memory per GPU, fewest GPUs, bytes sent.
+"""What ZeRO's stages take away from each data-parallel rank: memory per GPU, fewest GPUs, bytes sent (lesson 05).
 
 The bytes per parameter come from `m11_helpers.model_states` (one owner for every lesson): the ZeRO
 paper's layout is "deepspeed" (= "megatron"), bf16 weights + bf16 grads + fp32 master + Adam, 16 B

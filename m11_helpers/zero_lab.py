@@ -1,4 +1,4 @@
-"""The DP/ZeRO memory lab: the computation (tested), the figure, and the widget that only wires them.
+"""The DP/ZeRO memory lab: the computation (tested), the figure, and the widget that only wires them (lesson 05).
 
     from m11_helpers.zero_lab import memory_lab
     memory_lab()            # sliders: parameters, GPUs, stage, offload, activations, GPU memory

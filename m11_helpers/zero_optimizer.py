@@ -1,4 +1,4 @@
-"""ZeRO-1 from scratch: each rank keeps and updates only its 1/N slice of AdamW's state.
+"""ZeRO-1 from scratch: each rank keeps and updates only its 1/N slice of AdamW's state (lesson 05).
 
     opt = ShardedAdamW(model.parameters(), lr=1e-3)   # inside a rank started by launch()
     loss.backward(); opt.step(); opt.zero_grad()      # no DDP wrapper: step() syncs the gradients
@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from m11_helpers.collectives import backend_all_gather, backend_reduce_scatter
+from m11_helpers.compare import max_diff
 from m11_helpers.validate import non_negative_real
 
 __all__ = ["ShardedAdamW", "adamw_update", "compare_with_adamw", "zero_redundancy_report",
@@ -153,7 +154,7 @@ def compare_with_adamw(steps: int = 3, lr: float = 1e-2, batch: int = 8, seed: i
     return {"rank": rank, "world_size": n, "num_params": opt.numel, "shard_size": opt.shard_size,
             "exp_avg": opt.exp_avg.clone(), "ref_exp_avg": ref_m[start:start + opt.shard_size].clone(),
             "bitwise_equal": all(torch.equal(a, b) for a, b in pairs),
-            "max_abs_diff": max((a - b).abs().max().item() for a, b in pairs),
+            "max_abs_diff": max_diff([a for a, _ in pairs], [b for _, b in pairs]),
             "state_bytes": opt.state_bytes(), "adamw_state_bytes": full_state,
             "params": [p.detach().clone() for p in model.parameters()],
             "ref_params": [p.detach().clone() for p in ref.parameters()]}

@@ -121,3 +121,51 @@ def test_nbclean_names_a_file_that_is_not_a_notebook_and_leaves_it(tmp_path, cap
         err = capsys.readouterr().err
         assert "not valid notebooks" in err and f"{bad}:" in err and f"{broken}:" in err and "Traceback" not in err
     assert broken.read_text() == '{"cells": ['  # left as it was
+
+
+def test_where_lists_lesson_04s_places_as_they_are_on_disk(capsys, monkeypatch):
+    """`m11 where 04` against the files, computed here without its code: glob, notebook JSON, line scan."""
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(root)
+    assert main(["where", "04"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    listed = [ln.split()[0].rstrip(":") if ln.startswith("  ") and not ln.startswith("    ") else ln for ln in out]
+    for path in ("m11_helpers/pipeline.py", "m11_helpers/tensor_parallel_run.py", "course/04_model_parallel.ipynb",
+                 "exercises/04_model_parallel.ipynb", "tests/test_tensor_parallel.py"):
+        assert path in listed and (root / path).is_file(), path
+    assert "quiz: m11_helpers/quizzes/q04_model_parallel.py" in out and "deck: build/slides/04_model_parallel" in out[-1]
+    assert len([p for p in root.glob("m11_helpers/quizzes/q04_*.py")]) == 1
+    for folder in ("solutions", "exercises"):  # every exercise cell, numbered from 1 as the JSON lists them
+        cells = json.loads((root / folder / "04_model_parallel.ipynb").read_text())["cells"]
+        want: dict[str, list[str]] = {}
+        for i, c in enumerate(cells, 1):
+            if "exercise" in c["metadata"].get("m11", {}):
+                want.setdefault(c["metadata"]["m11"]["exercise"], []).append(f"{c['metadata']['m11']['role']} cell {i}")
+        block = out[out.index(f"  {folder}/04_model_parallel.ipynb") + 1:][:len(want)]
+        assert block == [f"    {ex}: {', '.join(v)}" for ex, v in want.items()] and len(want) >= 3
+    lines = (root / "solutions/wrong_answers/04_model_parallel.py").read_text().splitlines()
+    heads = [(n, ln.split()[2]) for n, ln in enumerate(lines, 1) if ln.startswith("# %% ") and "| expect:" in ln]
+    exercises = list(dict.fromkeys(ex for _, ex in heads))
+    for k, ex in enumerate(exercises):
+        first = min(n for n, e in heads if e == ex)
+        last = min(n for n, e in heads if e == exercises[k + 1]) - 1 if k + 1 < len(exercises) else len(lines)
+        count = sum(e == ex for _, e in heads)
+        assert f"    {ex}: lines {first}-{last} ({count} answers)" in out
+    assert main(["where", "99"]) == 2 and "no such lesson" in capsys.readouterr().err
+
+
+def test_where_table_regenerates_a_stale_contributing_table(tmp_path):
+    from pathlib import Path
+
+    from m11_helpers.lessons import markdown_table
+    from m11_helpers.tools.where import write_table
+
+    text = (Path(__file__).resolve().parents[1] / "CONTRIBUTING.md").read_text()
+    (tmp_path / "CONTRIBUTING.md").write_text(text.replace("| 00_welcome |", "| 00_stale |"))
+    write_table(tmp_path)
+    fresh = (tmp_path / "CONTRIBUTING.md").read_text()
+    assert fresh == text.split("<!-- lesson-table:start -->")[0] + "<!-- lesson-table:start -->\n" + markdown_table() \
+        + "\n<!-- lesson-table:end -->" + text.split("<!-- lesson-table:end -->")[1] and "00_stale" not in fresh

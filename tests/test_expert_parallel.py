@@ -45,7 +45,7 @@ def _on_ranks():
             (y * w.chunk(n)[r]).sum().backward()
         dist.all_reduce(moe.router.weight.grad)  # the router is replicated: data-parallel gradient
         out[cf] = {"y": y.detach(), "dx": xl.grad, "aux": aux.item(), "router": moe.router.weight.grad,
-                   "experts": {k: p.grad for k, p in layer.local.named_parameters()}, "comm": dict(ep.COMM),
+                   "experts": {k: p.grad for k, p in layer.local.named_parameters()}, "comm": ep.COMM.table(),
                    "ops": log.ops(), "dropped": layer.last_dropped}
     return out
 
@@ -86,8 +86,10 @@ def test_dispatch_and_combine_are_all_to_all_single_and_bytes_are_counted(result
     for r in results:
         ops = r[None]["ops"]
         assert set(ops) == {"all_to_all_single"} and len(ops) == 5  # counts, dispatch, combine, 2 × backward
-        assert r[None]["comm"]["all_to_all"] == 4 and r[None]["comm"]["all_to_all (counts)"] == 1
-        assert r[None]["comm"]["all_to_all bytes"] > 0
+        comm = r[None]["comm"]
+        assert comm["all_to_all"]["calls"] == 4 and comm["all_to_all (counts)"]["calls"] == 1
+        assert 0 < comm["all_to_all"]["wire"] < comm["all_to_all"]["payload"]  # the rows a rank keeps stay off the wire
+        assert comm["all_to_all (counts)"]["wire"] == 3 / 4 * comm["all_to_all (counts)"]["payload"]
 
 
 def test_capacity_route_and_aux_loss():

@@ -31,10 +31,15 @@ def test_collectives_hsdp_reduce_scatters_in_the_shard_group_and_all_reduces_sha
         assert set(hsdp) == {"all_gather_single", "reduce_scatter_single", "all_reduce"}
         assert set(fsdp) == {"all_gather_single", "reduce_scatter_single"}
         # all-gather payload = this rank's shard, twice per step (forward, backward): 2·full/shard
-        assert hsdp["all_gather_single"]["bytes"] == pytest.approx(2 * full / 2, rel=1e-3)
-        assert fsdp["all_gather_single"]["bytes"] == pytest.approx(2 * full / 4, rel=1e-3)
-        assert hsdp["reduce_scatter_single"]["bytes"] == pytest.approx(full, rel=1e-3)
-        assert hsdp["all_reduce"]["bytes"] == pytest.approx(full / 2, rel=1e-3)  # only the gradient shards
+        assert hsdp["all_gather_single"]["payload"] == pytest.approx(2 * full / 2, rel=1e-3)
+        assert fsdp["all_gather_single"]["payload"] == pytest.approx(2 * full / 4, rel=1e-3)
+        assert hsdp["reduce_scatter_single"]["payload"] == pytest.approx(full, rel=1e-3)
+        assert hsdp["all_reduce"]["payload"] == pytest.approx(full / 2, rel=1e-3)  # only the gradient shards
+        # wire, a ring over the call's group: all-gather (g−1)·shard, reduce-scatter (g−1)/g·S, all-reduce 2(g−1)/g·S
+        assert hsdp["all_gather_single"]["wire"] == hsdp["all_gather_single"]["payload"]  # g = 2 (the shard group)
+        assert fsdp["all_gather_single"]["wire"] == 3 * fsdp["all_gather_single"]["payload"]  # g = 4
+        assert hsdp["reduce_scatter_single"]["wire"] == hsdp["reduce_scatter_single"]["payload"] / 2
+        assert hsdp["all_reduce"]["wire"] == hsdp["all_reduce"]["payload"]  # g = 2 (the replicate group)
         assert hsdp["all_reduce"]["calls"] == hsdp["reduce_scatter_single"]["calls"]
 
 

@@ -13,8 +13,9 @@ def test_sp_run_equal_and_same_bytes_as_tp():
         for name in ("SP", "SP, keep gathered input"):
             assert max(r[name][k] for k in ("diff_y", "diff_dx", "diff_ln_grad")) < 1e-12
         keep = r["SP, keep gathered input"]["comm"]
-        assert keep["all_gather bytes"] + keep["reduce_scatter bytes"] == r["TP"]["comm"]["all_reduce bytes"]
-        assert r["SP"]["comm"]["all_gather bytes"] - keep["all_gather bytes"] == 2 * ring_bytes("all_gather", 2 * 32 * 64 * 8, 4)
+        assert keep["all_gather"]["wire"] + keep["reduce_scatter"]["wire"] == r["TP"]["comm"]["all_reduce"]["wire"]
+        assert r["SP"]["comm"]["all_gather"]["wire"] - keep["all_gather"]["wire"] == 2 * ring_bytes("all_gather", 2 * 32 * 64 * 8, 4)
+        assert keep["all_gather"]["elements"] + keep["reduce_scatter"]["elements"] == 2 * r["TP"]["comm"]["all_reduce"]["elements"]
         assert r["SP"]["bytes"] * 4 == r["single_bytes"]
 
 

@@ -39,6 +39,7 @@ def test_new_lesson_skeleton_passes_its_tests_in_a_copy(tmp_path):
                 "m11_helpers/quizzes/q98_demo_topic.py"):
         assert (repo / rel).is_file(), rel
     assert "98_demo_topic" in (repo / "README.md").read_text() and "| 98_demo_topic |" in (repo / "CONTRIBUTING.md").read_text()
+    assert '_l("98_demo_topic", "demo_topic", "demo_topic"),' in (repo / "m11_helpers" / "lessons.py").read_text()
     tests = ["tests/test_demo_topic.py", "tests/test_contract.py", "tests/test_notebooks.py",
              "tests/test_quizzes.py", "tests/test_repo.py", "tests/test_wrong_answers.py",
              "tests/test_lessons_graded.py", "--nbval-lax", "course/98_demo_topic.ipynb"]

@@ -39,12 +39,12 @@ def _on_ranks():
             (y * w.chunk(n, dim=1)[r]).sum().backward()
         sync_sequence_parallel_grads(block)
         out[regather] = {"y": y.detach(), "dx": xl.grad, "grads": {k: p.grad for k, p in block.named_parameters()},
-                         "comm": dict(sp.COMM), "ops": log.ops(),
+                         "comm": sp.COMM.table(), "ops": log.ops(),
                          "acts": saved_activation_bytes(block, xl.detach().requires_grad_())}
     tpb = tp.TPBlock(tiny_gpt(0).blocks[0].double())
     tp.COMM.clear()
     (tpb(x.clone().requires_grad_()) * w).sum().backward()
-    out["tp"] = {"comm": dict(tp.COMM), "acts": saved_activation_bytes(tpb, x.clone().requires_grad_())}
+    out["tp"] = {"comm": tp.COMM.table(), "acts": saved_activation_bytes(tpb, x.clone().requires_grad_())}
     z = torch.arange(float(B * T * C)).view(B, T, C) * (r + 1)  # g and ḡ on their own
     out["g"] = gather_sequence(z.chunk(n, dim=1)[r])
     out["gbar"] = scatter_sequence(z)
@@ -90,14 +90,16 @@ def test_g_and_gbar_are_all_gather_and_reduce_scatter(results):
 
 def test_bytes_equal_plain_tp_and_regather_adds_one_all_gather_per_column_linear(results):
     full = B * T * C * 8
-    tp_bytes = ring_bytes("all_reduce", full, 4) * results[0]["tp"]["comm"]["all_reduce"]
-    assert results[0]["tp"]["comm"]["all_reduce"] == 4  # 2 forward + 2 backward per layer
+    tp_comm = results[0]["tp"]["comm"]["all_reduce"]
+    tp_bytes = ring_bytes("all_reduce", full, 4) * tp_comm["calls"]
+    assert tp_comm["calls"] == 4 and tp_comm["payload"] == 4 * full and tp_comm["wire"] == tp_bytes  # 2 fwd + 2 bwd
     keep = results[0][False]["comm"]
-    assert keep["all_gather"] == keep["reduce_scatter"] == 4
-    assert keep["all_gather bytes"] + keep["reduce_scatter bytes"] == tp_bytes
+    assert keep["all_gather"]["calls"] == keep["reduce_scatter"]["calls"] == 4
+    assert keep["all_gather"]["wire"] + keep["reduce_scatter"]["wire"] == tp_bytes
+    assert keep["all_gather"]["payload"] == 4 * full / 4 and keep["all_gather"]["elements"] == 4 * full / 8  # shard; S
     again = results[0][True]["comm"]
-    assert again["all_gather"] == 6 and again["reduce_scatter"] == 4
-    assert again["all_gather bytes"] - keep["all_gather bytes"] == 2 * ring_bytes("all_gather", full, 4)
+    assert again["all_gather"]["calls"] == 6 and again["reduce_scatter"]["calls"] == 4
+    assert again["all_gather"]["wire"] - keep["all_gather"]["wire"] == 2 * ring_bytes("all_gather", full, 4)
     assert results[0][False]["ops"] == ["all_gather_single", "reduce_scatter_single"] * 4
     assert "all_reduce" not in results[0][True]["ops"]
 

@@ -133,7 +133,7 @@ class CountReductions:
 
     def on_step(self, record):
         if hasattr(self, "counter"):
-            self.per_step.append(sum(kind == "reduce_scatter" for kind, _ in self.counter.records))
+            self.per_step.append(self.counter.calls("reduce_scatter"))
             self.counter.reset()
         else:
             self.per_step.append(self.rounds)

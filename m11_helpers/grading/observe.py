@@ -6,7 +6,7 @@ Inside a rank (in a check cell's rank function):
         out = ring_all_reduce(t)
     log.ops()                     # ['isend', 'irecv', 'isend', ...] in call order
     log.peers("isend")            # {1}: every isend went to rank 1 (the right-hand neighbour)
-    log.bytes("all_reduce")       # bytes this rank passed to all_reduce
+    log.bytes("all_reduce")       # bytes of the tensors this rank passed to all_reduce (its shard, for an all-gather)
     log.events[0].group           # (0, 2): the global ranks of the group= it was given (None: the default group)
 
     with forbid(torch.nn.utils.clip_grad_norm_, why="write the clipping yourself"):
@@ -64,7 +64,7 @@ class CommEvent:
 
     op: str
     peer: int | None
-    nbytes: int
+    nbytes: int  # payload: the bytes of the tensor this rank passed (its shard for an all-gather; comm_count)
     async_op: bool
     t: float = 0.0  # time.perf_counter() when the call was made
     group: tuple[int, ...] | None = None  # global ranks of the process group passed (None: the default group)

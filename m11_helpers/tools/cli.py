@@ -7,6 +7,7 @@
     m11 slides [NB...]          build offline reveal.js decks into build/slides/
     m11 nbclean [--check] ...   strip volatile outputs and metadata from notebooks
     m11 new-lesson NN topic     write a lesson skeleton that passes the suite
+    m11 where NN                every place of a lesson: modules, notebooks and exercise cells, wrong answers, tests
     m11 script NAME             print the path of a training script that ships with the course
     m11 gpu-check [--list]      run every GPU branch of the course on this machine, report in build/
 """
@@ -28,6 +29,7 @@ COMMANDS = {
     "slides": ("m11_helpers.tools.slides", "main", "build offline reveal.js decks into build/slides/"),
     "nbclean": ("m11_helpers.tools.notebooks", "main", "strip volatile outputs and metadata from notebooks"),
     "new-lesson": ("m11_helpers.tools.new_lesson", "main", "write a lesson skeleton that passes the suite"),
+    "where": ("m11_helpers.tools.where", "main", "every place of lesson NN: modules, notebooks, wrong answers, tests"),
     "script": ("m11_helpers.tools.scripts", "main", "print the path of a course script (for accelerate launch)"),
     "gpu-check": ("m11_helpers.tools.gpu_check", "main", "run every GPU branch of the course, write build/gpu-check.md"),
 }

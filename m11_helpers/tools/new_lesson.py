@@ -6,20 +6,23 @@ writes `course/13_expert_routing.ipynb` (the checklist's sections, slide metadat
 `m11_helpers/expert_routing.py`, `m11_helpers/quizzes/q13_expert_routing.py`, `tests/test_expert_routing.py`,
 `solutions/13_expert_routing.ipynb` with three exercises on real ranks and
 `solutions/wrong_answers/13_expert_routing.py` with two recorded wrong answers each, then regenerates
-`exercises/`, adds the README row and the lesson-table row in CONTRIBUTING.md. Every file says what to
-replace; nothing already there is overwritten.
+`exercises/`, adds the README row, the lesson's entry in `m11_helpers/lessons.py` (the lesson table) and
+CONTRIBUTING.md's table generated from it. Every file says what to replace; nothing already there is
+overwritten.
 """
 
 from __future__ import annotations
 
 import argparse
 import re
+import runpy
 import sys
 from pathlib import Path
 
 from m11_helpers.tools.notebooks import clean, dumps, from_percent, refresh
 from m11_helpers.tools.paths import repo_root
 from m11_helpers.tools.setup_cell import readme_row, setup_cell_source
+from m11_helpers.tools.where import write_table
 
 __all__ = ["create_lesson", "main"]
 
@@ -89,21 +92,20 @@ def create_lesson(root: Path, number: str, topic: str, title: str, run: bool = T
 
 
 def _add_rows(root: Path, number: str, topic: str, stem: str, title: str) -> list[Path]:
-    """The README's lesson row and CONTRIBUTING's lesson-table row, each after the last lesson row."""
-    changed = []
+    """The README's lesson row (after the last one), the lesson's entry in lessons.py, CONTRIBUTING's table."""
     readme = root / "README.md"
     lines = readme.read_text(encoding="utf-8").splitlines()
     last = max(i for i, line in enumerate(lines) if re.match(r"\| \d\d \| ", line))
     lines.insert(last + 1, readme_row(number, topic, title))
     readme.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    changed.append(readme)
-    contributing = root / "CONTRIBUTING.md"
-    lines = contributing.read_text(encoding="utf-8").splitlines()
-    last = max(i for i, line in enumerate(lines) if re.match(r"\| \d\d_\w+ \| ", line))
-    lines.insert(last + 1, f"| {stem} | `{topic}` | `test_{topic}.py` |")
-    contributing.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    changed.append(contributing)
-    return changed
+    table = root / "m11_helpers" / "lessons.py"
+    text = table.read_text(encoding="utf-8")
+    if text.count("\n)  # lessons: end") != 1:
+        raise RuntimeError(f"{table}: the line ')  # lessons: end' that closes LESSONS is missing")
+    table.write_text(text.replace("\n)  # lessons: end", f'\n    _l("{stem}", "{topic}", "{topic}"),\n)  # lessons: end'),
+                     encoding="utf-8")
+    rows = runpy.run_path(str(table))["ROWS"]  # the file as now written, not the module this process imported
+    return [readme, table, write_table(root, rows)]
 
 
 def main(argv: list[str] | None = None) -> int:
