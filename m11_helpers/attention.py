@@ -24,6 +24,7 @@ import torch
 
 from m11_helpers.activations import activation_bytes
 from m11_helpers.config import TransformerConfig
+from m11_helpers.flash_backward import flash_backward
 from m11_helpers.memory import saved_activation_bytes
 from m11_helpers.op_trace import trace_dispatch
 from m11_helpers.validate import positive_int, positive_real
@@ -124,26 +125,7 @@ class _FlashAttention(torch.autograd.Function):
     def backward(ctx, do):
         q, k, v, o, lse = ctx.saved_tensors
         block_q, block_k, causal = ctx.cfg
-        T, D = q.shape[-2], q.shape[-1]
-        scale = 1.0 / math.sqrt(D)
-        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        delta = (do * o).sum(dim=-1, keepdim=True)  # (B, H, T, 1): rowsum(dO ∘ O) = Σ_j P_ij dP_ij
-        for j0 in range(0, T, block_k):
-            kj, vj = k[..., j0:j0 + block_k, :], v[..., j0:j0 + block_k, :]  # (B, H, Bk, D)
-            for i0 in range(0, T, block_q):
-                rows = min(block_q, T - i0)
-                if causal and j0 > i0 + rows - 1:
-                    continue
-                sl = slice(i0, i0 + rows)
-                s = (q[..., sl, :] @ kj.transpose(-2, -1)) * scale  # (B, H, Bq, Bk), recomputed
-                p = torch.exp(s - lse[..., sl, :])  # the softmax tile, exactly, without a running max
-                if causal:
-                    p = p.masked_fill(~_causal_mask(i0, rows, j0, kj.shape[-2], q.device), 0.0)
-                dv[..., j0:j0 + block_k, :] += p.transpose(-2, -1) @ do[..., sl, :]  # (B, H, Bk, D)
-                dp = do[..., sl, :] @ vj.transpose(-2, -1)  # (B, H, Bq, Bk)
-                ds = p * (dp - delta[..., sl, :]) * scale  # softmax backward, folded with the 1/√d
-                dq[..., sl, :] += ds @ kj
-                dk[..., j0:j0 + block_k, :] += ds.transpose(-2, -1) @ q[..., sl, :]
+        dq, dk, dv = flash_backward(q, k, v, o, lse, do, block_q, block_k, causal)  # Algorithm 2, tile by tile
         return dq, dk, dv, None, None, None
 
 
