@@ -65,14 +65,16 @@ LESSONS: tuple[Lesson, ...] = (
        "pipeline tensor_parallel planner overlap"),
     _l("05_zero_fsdp", "zero zero_lab zero_optimizer fsdp live_memory", "zero fsdp"),
     _l("06_mixed_precision", "number_formats loss_scaling master_weights autocast_ops held_memory precision_speed "
-       "clipping nan_hunter", "mixed_precision loss_scaling clipping"),
+       "clipping nan_hunter fp8_scaling fp8_lab", "mixed_precision loss_scaling clipping fp8_scaling"),
     _l("07_gradient_accumulation", "gradient_accumulation accumulation_step accumulation_limits",
        "gradient_accumulation accumulation_step"),
     _l("08_activation_checkpointing", "activation_checkpointing activation_costs selective_checkpointing "
        "activation_offload", "activation_checkpointing activation_offload"),
-    _l("09_efficiency", "attention op_trace fusion profiling", "attention fusion profiling"),
+    _l("09_efficiency", "attention op_trace fusion profiling flash_backward flex_masks",
+       "attention fusion profiling flash_backward"),
     _l("10_cloud_spot", "cloud cloud_launch fault_tolerance sharded_checkpoint spike_guard lr_schedule meta_init "
-       "throughput reference_run", "cloud fault_tolerance sharded_checkpoint spike_guard train_script"),
+       "throughput reference_run live_replica live_recovery restart_drill diloco",
+       "cloud fault_tolerance sharded_checkpoint spike_guard train_script live_recovery diloco"),
     _l("11_capstone", "capstone_plan capstone_gpu capstone_measure capstone_build", "capstone"),
     _l("12_long_context_moe", "sequence_parallel context_parallel expert_parallel hsdp planner5d long_context_runs",
        "sequence_parallel context_parallel expert_parallel hsdp planner5d long_context_runs"),
