@@ -29,7 +29,7 @@ from m11_helpers.validate import one_of, positive_int
 
 __all__ = ["TickOp", "replay", "idle_ticks", "busy_ticks", "bubble_ticks", "bubble_fraction", "FORMULAS", "WHEN",
            "schedule_table", "TABLE_HEADER",
-           "tick_rows", "in_flight"]
+           "tick_rows", "in_flight", "zb_h1_order"]
 
 FORMULAS = {
     "1f1b": "(p−1)(F+B+W)",
@@ -194,3 +194,40 @@ def schedule_table(merged: dict[str, dict], devices: int, layers: int) -> list[l
 
 TABLE_HEADER = ["schedule", "idle ticks", "formula", "bubble", "peak activations (B)", "in flight",
                 "bytes sent", "messages", "when it wins"]
+
+
+def zb_h1_order(devices: int, microbatches: int) -> list[list[tuple[str, int, int]]]:
+    """ZB-H1 per device (one stage each): 1F1B with B and W apart, W held back s rounds on device s.
+
+    Device s: p − s warm-up forwards; s rounds of (B, F) with no W — the W's this delays are what fills the
+    tail bubble; then (B, W, F) while forwards remain, (B, W) while backwards remain, and the last W's
+    (Qi et al. 2024, §2.1, Fig. 3 top). It is the order torch 2.13's ScheduleInterleavedZeroBubble runs
+    with one stage per device (tests/test_pipeline_zb.py checks it against the recorded order).
+    """
+    p, m = positive_int("devices", devices), positive_int("microbatches", microbatches)
+    orders = []
+    for s in range(p):
+        f = b = w = 0
+        order: list[tuple[str, int, int]] = []
+
+        def put(kind: str) -> None:
+            nonlocal f, b, w
+            i = {"F": f, "B": b, "W": w}[kind]
+            order.append((kind, s, i))
+            f, b, w = f + (kind == "F"), b + (kind == "B"), w + (kind == "W")
+
+        for _ in range(min(p - s, m)):
+            put("F")
+        for _ in range(s):
+            if b < f:
+                put("B")
+            if f < m:
+                put("F")
+        while f < m:
+            put("B"), put("W"), put("F")
+        while b < m:
+            put("B"), put("W")
+        while w < m:
+            put("W")
+        orders.append(order)
+    return orders

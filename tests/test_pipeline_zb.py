@@ -23,6 +23,7 @@ from m11_helpers.pipeline_ticks import (
     replay,
     schedule_table,
     tick_rows,
+    zb_h1_order,
 )
 from m11_helpers.pipeline_zb import SCHEDULES, gather, reference_step, run_schedules, stage_indices
 
@@ -58,6 +59,8 @@ def test_measured_bubble_against_the_formulas(runs):
     # ZB-V and DualPipeV: only the fill is left, (p−1) forwards of one chunk; DualPipe's table is an upper bound
     assert set(idle["zbv"].values()) == {3} and set(idle["dualpipev"].values()) == {3}
     assert 3 <= bubble_ticks("dualpipev", 4, 8)
+    assert runs["zb1p"]["orders"] == zb_h1_order(4, 8)  # our ZB-H1 tick table is the order torch executed
+    assert set(idle_ticks(replay(zb_h1_order(4, 8), 2)).values()) == {6}
 
 
 def test_memory_and_bytes(runs):
@@ -80,6 +83,12 @@ def test_replay_and_formulas_pure():
     ops = replay(orders, 2)
     assert set(idle_ticks(ops).values()) == {18} and bubble_fraction(ops) == pytest.approx(3 / 11)
     assert len(tick_rows(ops)) == 4 and len(tick_rows(ops)[0]) == 1 + max(o.end for o in ops)
+    h1 = zb_h1_order(4, 16)
+    assert set(idle_ticks(replay(h1, 2)).values()) == {6}  # ZB-H1's bubble does not grow with m
+    one_late = [o[:] for o in h1]
+    one_late[3].insert(0, one_late[3].pop(1))  # the last device's B before its F: cannot run
+    with pytest.raises(RuntimeError, match="deadlock"):
+        replay(one_late)
     bad = [list(reversed(o)) for o in orders]  # backwards before forwards: waits for ever
     with pytest.raises(RuntimeError, match="deadlock"):
         replay(bad)
