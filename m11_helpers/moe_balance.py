@@ -18,12 +18,13 @@ as in grouped GEMMs, Gale et al. 2023 "MegaBlocks") drops none.
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 from m11_helpers.expert_parallel import MoELayer, expert_capacity, load_balancing_loss, route
 from m11_helpers.validate import one_of, positive_int, positive_real
 
-__all__ = ["METHODS", "biased_route", "moe_step", "compare_balancing", "imbalance"]
+__all__ = ["METHODS", "biased_route", "moe_step", "compare_balancing", "imbalance", "BiasedMoELayer", "update_bias"]
 
 METHODS = ("none", "aux", "aux_free")
 
@@ -45,6 +46,33 @@ def biased_route(logits: torch.Tensor, bias: torch.Tensor, top_k: int, capacity:
         position = (onehot.cumsum(dim=0) * onehot).sum(dim=-1) - 1
         r.keep = (position < capacity).view(top_k, -1).T  # (T, k)
     return r
+
+
+class BiasedMoELayer(MoELayer):
+    """MoELayer whose top-k choice adds a per-expert bias (a buffer: no gradient, not an optimizer's parameter).
+
+    `expert_parallel.ExpertParallelMoE` routes through `routing`, so this layer runs expert-parallel unchanged.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.register_buffer("bias", torch.zeros(self.num_experts))  # (E,)
+
+    def routing(self, x: torch.Tensor):
+        cap = None if self.capacity_factor is None else expert_capacity(
+            x.shape[0], self.num_experts, self.top_k, self.capacity_factor)
+        return biased_route(self.router(x), self.bias, self.top_k, cap)
+
+
+def update_bias(bias: torch.Tensor, experts: torch.Tensor, gamma: float = 0.01, group=None) -> torch.Tensor:
+    """b_i += γ·sign(mean load − load_i), load counted over the *global* batch: every rank's assignments
+    all-reduced first when distributed, so all ranks keep the same bias (DeepSeek-V3 §2.1.2)."""
+    positive_real("gamma", gamma)
+    load = torch.bincount(experts.reshape(-1), minlength=bias.numel()).float()  # (E,) this rank's assignments
+    if dist.is_initialized():
+        dist.all_reduce(load, group=group)
+    bias += gamma * torch.sign(load.mean() - load)
+    return bias
 
 
 def moe_step(moe: MoELayer, x: torch.Tensor, bias: torch.Tensor | None, capacity: int | None):
@@ -91,8 +119,7 @@ def compare_balancing(steps: int = 40, tokens: int = 64, hidden: int = 16, exper
             loss.backward()
             opt.step()
             if bias is not None:  # after the step, no gradient: push overloaded experts down, idle ones up
-                load = torch.bincount(r.experts.reshape(-1), minlength=experts).float()  # (E,)
-                bias += gamma * torch.sign(load.mean() - load)
+                update_bias(bias, r.experts, gamma)
             rec["imbalance"].append(imbalance(r.experts, experts))
             rec["dropped"].append(r.dropped)
             rec["loss"].append(task.item())
