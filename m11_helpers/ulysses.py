@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from m11_helpers.validate import positive_int
 
-__all__ = ["seq_to_heads", "heads_to_seq", "ulysses_attention", "ulysses_bytes_per_rank", "check_heads"]
+__all__ = ["seq_to_heads", "heads_to_seq", "ulysses_attention", "ulysses_bytes_per_rank", "check_heads", "choose_cp"]
 
 
 def check_heads(heads: int, world: int) -> None:
@@ -117,3 +117,17 @@ def ulysses_bytes_per_rank(seq_len: int, world: int, hidden: int, dtype_bytes: i
         positive_int(name, x)
     one = (world - 1) / world * batch * (seq_len / world) * hidden * dtype_bytes  # one tensor's all-to-all
     return {"forward": 4 * one, "backward": 4 * one, "per_all_to_all": one}
+
+
+def choose_cp(world: int, kv_heads: int, ranks_per_node: int) -> dict:
+    """Ulysses × ring degrees for `world` context-parallel ranks (USP, Fang & Zhao 2024): all-to-all where it fits.
+
+    Ulysses needs whole (K/V) heads per rank and an all-to-all, which wants the fast links inside a node;
+    so its degree is the largest divisor of `world` that divides kv_heads and fits in a node, and the ring
+    takes the rest (its P2P messages tolerate slower links and any head count). Degree 1 means unused.
+    """
+    for name, v in (("world", world), ("kv_heads", kv_heads), ("ranks_per_node", ranks_per_node)):
+        positive_int(name, v)
+    u = max(d for d in range(1, world + 1) if world % d == 0 and kv_heads % d == 0 and d <= ranks_per_node)
+    kind = "ulysses" if u == world else "ring" if u == 1 else "ulysses × ring"
+    return {"ulysses": u, "ring": world // u, "kind": kind}

@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 from m11_helpers.context_parallel import ring_bytes_per_rank, shard_sequence, unshard_sequence
 from m11_helpers.launch import launch
-from m11_helpers.ulysses import check_heads, ulysses_bytes_per_rank
+from m11_helpers.ulysses import check_heads, choose_cp, ulysses_bytes_per_rank
 
 B, H, T, D = 1, 4, 16, 8
 
@@ -60,3 +60,12 @@ def test_head_limit():
     check_heads(8, 4)
     with pytest.raises(ValueError, match="heads"):
         check_heads(6, 4)
+
+
+def test_choose_ring_all_to_all_or_both():
+    assert choose_cp(4, 8, 8) == {"ulysses": 4, "ring": 1, "kind": "ulysses"}  # fits in a node, enough heads
+    assert choose_cp(16, 8, 8) == {"ulysses": 8, "ring": 2, "kind": "ulysses × ring"}  # USP: a2a in node, ring across
+    assert choose_cp(16, 1, 8)["kind"] == "ring"  # multi-query attention: one K/V head, no all-to-all
+    assert choose_cp(32, 8, 4) == {"ulysses": 4, "ring": 8, "kind": "ulysses × ring"}
+    with pytest.raises(ValueError, match="kv_heads"):
+        choose_cp(4, 0, 8)
