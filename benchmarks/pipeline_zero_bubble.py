@@ -6,7 +6,7 @@ Runs 1F1B, interleaved 1F1B, ZB-H1 (torch's ZB1P), ZB-V and DualPipeV of `torch.
 once per micro-batch count, records the order each device executed, replays it on a tick grid
 (F = B = W = 1 tick per layer, messages free: `m11_helpers.pipeline_ticks`) and prints the idle ticks next
 to each paper's formula, the peak saved activations per device (saved-tensor hooks) and the bytes of
-activations and gradients sent, each also as a ratio to 1F1B. Ticks, not seconds: on 2 shared cores the
+activations and gradients sent, each also as a ratio to 1F1B, and what a step leaves held. Ticks, not seconds: on 2 shared cores the
 wall clock measures the machine; the order is what the schedule decides.
 """
 
@@ -38,9 +38,9 @@ def main() -> None:
             idle, peak, sent = max(idle_ticks(ops).values()), max(r["peak_activation_bytes"].values()), sum(r["sent_bytes"].values())
             rows.append([name, idle, f"{bubble_ticks(name, DEVICES, args.layers):g}", f"{bubble_fraction(ops):.1%}",
                          f"{idle / base_idle:.2f}", peak, f"{peak / max(base['peak_activation_bytes'].values()):.2f}",
-                         sent, f"{sent / sum(base['sent_bytes'].values()):.2f}"])
+                         sent, f"{sent / sum(base['sent_bytes'].values()):.2f}", max(r["left_after_step_bytes"].values())])
         show_table(rows, ["schedule", "idle ticks", "formula", "bubble", "× 1F1B", "peak act. B", "× 1F1B",
-                          "bytes sent", "× 1F1B"],
+                          "bytes sent", "× 1F1B", "left after step B"],
                    title=f"{DEVICES} devices, {args.layers} layers, {m} micro-batches")
 
 
