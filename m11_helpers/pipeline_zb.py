@@ -17,7 +17,8 @@ computes nothing (no input needs a gradient) and W runs the whole backward (torc
 Also measured per device: the peak bytes of activations autograd holds during the step (saved-tensor
 hooks, each storage once, parameters excluded, released when the graph frees them), what is still held
 when the step ends (torch 2.13's ZB1P on stages of 2 layers leaves 128 B per micro-batch on every
-stage but the first, step after step: measured, not explained), and the bytes of activations and
+stage but the first, step after step — the saved output of the tanh between a stage's two layers,
+one per micro-batch, alive even after gc.collect(): measured, not root-caused), and the bytes of activations and
 gradients sent to other devices (the P2P ops the stage hands the schedule). torch's runtime
 sends single isend/irecv, not batch_isend_irecv (gloo lacks it), so every schedule here runs on a CPU.
 """
