@@ -111,17 +111,19 @@ def measure_knobs(knobs: list[str], batch: int = 4, seq_len: int = 8, seed: int 
     """On each rank (via `launch`): one forward + backward of the tiny GPT per setting; memory, traffic, grad error."""
     from m11_helpers.live_memory import track_live_bytes
     from m11_helpers.models import tiny_gpt
+    from m11_helpers.pipeline_zb import rank_device
 
     for k in knobs:
         one_of("knob", k, KNOBS)
     rank, n = dist.get_rank(), dist.get_world_size()
-    x = torch.randint(0, 64, (batch * n, seq_len), generator=torch.Generator().manual_seed(seed + 1))  # (B, T)
-    ref = tiny_gpt(seed)
+    device = rank_device()
+    x = torch.randint(0, 64, (batch * n, seq_len), generator=torch.Generator().manual_seed(seed + 1)).to(device)  # (B, T)
+    ref = tiny_gpt(seed).to(device)
     ref(x, x).backward()  # the one-process step on the whole batch (the loss is a mean: ranks' means average to it)
-    mesh = init_device_mesh("cpu", (n,))
+    mesh = init_device_mesh(device.type, (n,))
     out = {}
     for knob in knobs:
-        model = _shard(tiny_gpt(seed), mesh, knob)
+        model = _shard(tiny_gpt(seed).to(device), mesh, knob)
         log = WireLog().attach(model)
         local = x.chunk(n)[rank]  # (B/N, T): this rank's rows
         with track_live_bytes() as mem:

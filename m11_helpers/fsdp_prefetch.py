@@ -179,23 +179,25 @@ def run_prefetch(configs: list[tuple[int, str]], seed: int = 0) -> list[dict]:
     forward and of backward (`m11_helpers.live_memory`).
     """
     from m11_helpers.live_memory import track_live_bytes
+    from m11_helpers.pipeline_zb import rank_device
 
+    device = rank_device()
     out = []
     for prefetch, dtype in configs:
-        layers = make_layers(seed=seed)
+        layers = [layer.to(device) for layer in make_layers(seed=seed)]
         net = PrefetchFSDP(layers, prefetch, dtype)
         x, y = batch()
-        x, y = x[net.rank::net.world], y[net.rank::net.world]  # (n/N, in), (n/N, out): this rank's rows
+        x, y = x[net.rank::net.world].to(device), y[net.rank::net.world].to(device)  # (n/N, in), (n/N, out): this rank's rows
         with track_live_bytes() as mem:
             loss = net(x, y)
             mem.phase("backward")
             loss.backward()
         grads = []
         for i, shard in enumerate(net.shards):
-            full = torch.empty(net.padded[i], dtype=torch.float32)
+            full = torch.empty(net.padded[i], dtype=torch.float32, device=device)
             _gather_fn()(full, shard.grad, group=net.group)
             (o, n_in), n_b = net.shapes[i]
-            grads.append(full[:o * n_in + n_b])
+            grads.append(full[:o * n_in + n_b].cpu())
         total = loss.detach().clone()
         dist.all_reduce(total)
         out.append({"prefetch": prefetch, "dtype": dtype, "loss": total.item() / net.world, "grads": grads,

@@ -41,7 +41,8 @@ from torch.distributed.pipelining import (
 
 from m11_helpers.validate import one_of, positive_int
 
-__all__ = ["SCHEDULES", "deep_mlp", "reference_step", "stage_indices", "LiveSaved", "run_schedules", "gather"]
+__all__ = ["SCHEDULES", "deep_mlp", "reference_step", "stage_indices", "LiveSaved", "run_schedules", "gather",
+           "rank_device"]
 
 # name -> (torch class, chunks per device, placement of chunks)
 SCHEDULES = {
@@ -65,6 +66,13 @@ def deep_mlp(seed: int = 0, layers: int = LAYERS, width: int = WIDTH) -> nn.Sequ
             lin.bias.copy_(torch.randn(width, generator=g) * 0.1)  # (width,)
         blocks.append(nn.Sequential(lin, nn.Tanh()))
     return nn.Sequential(*blocks)
+
+
+def rank_device() -> torch.device:
+    """This rank's device: its GPU under NCCL (`launch` sets one per rank), else the CPU."""
+    import torch.distributed as dist
+
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
 
 
 def _batch(microbatches: int, width: int = WIDTH, rows: int = 2):
@@ -150,7 +158,8 @@ def _run_one(schedule: str, microbatches: int, seed: int, layers: int) -> dict:
         raise ValueError(f"layers ({layers}) must be a multiple of the {n_stages} stages {schedule} has on "
                          f"{p} ranks ({chunks} per rank)")
     per = layers // n_stages
-    model = deep_mlp(seed, layers)
+    device = rank_device()
+    model = deep_mlp(seed, layers).to(device)
     order: list[tuple[str, int, int]] = []
     sent = {"bytes": 0, "messages": 0}
 
@@ -181,10 +190,10 @@ def _run_one(schedule: str, microbatches: int, seed: int, layers: int) -> dict:
             return self._count(super().get_bwd_send_ops(bwd_chunk_id))
 
     mine = stage_indices(schedule, rank, p)
-    stages = [RecordingStage(model[s * per:(s + 1) * per], s, n_stages, torch.device("cpu")) for s in mine]
+    stages = [RecordingStage(model[s * per:(s + 1) * per], s, n_stages, device) for s in mine]
     sched = cls(stages[0] if schedule == "1f1b" else stages, n_microbatches=microbatches,
                 loss_fn=lambda out, target: F.mse_loss(out, target))  # mean per micro-batch; grads scaled by 1/m
-    x, y = _batch(microbatches)
+    x, y = (t.to(device) for t in _batch(microbatches))  # the data lives where the stage computes
     has_first = any(s == 0 for s in mine)
     has_last = any(s == n_stages - 1 for s in mine)
     losses: list[torch.Tensor] = []
@@ -198,7 +207,7 @@ def _run_one(schedule: str, microbatches: int, seed: int, layers: int) -> dict:
         dist.barrier()
         with mem.hooks():
             sched.step(x, **kwargs) if has_first else sched.step(**kwargs)
-    mine_params = {n: q.grad.clone() for n, q in model.named_parameters()
+    mine_params = {n: q.grad.cpu() for n, q in model.named_parameters()
                    if int(n.split(".")[0]) // per in mine and q.grad is not None}
     return {"schedule": schedule, "rank": rank, "stages": mine, "layers_per_stage": per, "order": list(order),
             "loss": torch.stack(losses).mean().item() if losses else None, "grads": mine_params,

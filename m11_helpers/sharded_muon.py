@@ -62,14 +62,16 @@ def sharded_muon_step(rows: int = 64, cols: int = 32, seed: int = 0) -> dict:
     if rows % n:
         raise ValueError(f"rows ({rows}) must be divisible by the number of ranks ({n}) for this row-aligned demo")
     g = torch.Generator().manual_seed(seed)
-    full = torch.randn(rows, cols, generator=g)  # (m, n): the momentum, as one process sees it
+    from m11_helpers.pipeline_zb import rank_device
+
+    full = torch.randn(rows, cols, generator=g).to(rank_device())  # (m, n): the momentum, as one process sees it
     want = newton_schulz(full)
     per = rows * cols // n
     mine = full.reshape(-1)[rank * per:(rank + 1) * per].clone()  # (m·n/N,): ZeRO's flat slice
     # 1. The slice alone (here it happens to be whole rows): Newton–Schulz mixes rows, so this is not the slice of the answer.
     local = newton_schulz(mine.view(rows // n, cols)).reshape(-1)
     # 2. Gather the whole matrix first (the extra collective), then orthogonalise and keep the slice.
-    gathered = torch.empty(rows * cols, dtype=mine.dtype)
+    gathered = torch.empty(rows * cols, dtype=mine.dtype, device=mine.device)
     fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     fn(gathered, mine)
     wire = (n - 1) / n * gathered.numel() * gathered.element_size()  # ring all-gather, bytes each rank sends
