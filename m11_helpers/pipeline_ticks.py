@@ -168,12 +168,12 @@ def tick_rows(ops: list[TickOp]) -> list[list[str]]:
 
 
 WHEN = {
-    "1f1b": "the baseline: least activation memory on the later stages",
-    "interleaved": "bubble ÷ v for v× the messages and more in flight on device 0",
-    "zb1p": "bubble ÷ 3, 1F1B's peak in flight; needs a split backward",
-    "zbv": "only the fill is left, at 1F1B's peak memory; 2× the messages",
-    "dualpipev": "ZB-V's bubble, +1 micro-batch held; wins when F and B of two micro-batches overlap "
-                 "(hides MoE all-to-all), which a CPU cannot show",
+    "1f1b": "the baseline: fewest activations, falling stage by stage",
+    "interleaved": "bubble ÷ v, for more messages and more micro-batch chunks in flight",
+    "zb1p": "bubble ÷ 3 with 1F1B's messages; needs a split backward (W waits, holding its activations)",
+    "zbv": "only the fill is left; two chunks per device: 2× the messages",
+    "dualpipev": "ZB-V's bubble here, one more micro-batch held; wins when a forward and a backward overlap "
+                 "(hiding MoE all-to-all), which a CPU tick grid cannot show",
 }
 
 
