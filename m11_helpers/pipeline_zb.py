@@ -25,6 +25,8 @@ sends single isend/irecv, not batch_isend_irecv (gloo lacks it), so every schedu
 
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -39,7 +41,7 @@ from torch.distributed.pipelining import (
     ScheduleZBVZeroBubble,
 )
 
-from m11_helpers.validate import one_of, positive_int
+from m11_helpers.validate import non_negative_real, one_of, positive_int
 
 __all__ = ["SCHEDULES", "deep_mlp", "reference_step", "stage_indices", "LiveSaved", "run_schedules", "gather",
            "rank_device"]
@@ -148,7 +150,7 @@ class LiveSaved:
         return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
 
 
-def _run_one(schedule: str, microbatches: int, seed: int, layers: int) -> dict:
+def _run_one(schedule: str, microbatches: int, seed: int, layers: int, tick_s: float) -> dict:
     import torch.distributed as dist
 
     rank, p = dist.get_rank(), dist.get_world_size()
@@ -161,21 +163,39 @@ def _run_one(schedule: str, microbatches: int, seed: int, layers: int) -> dict:
     device = rank_device()
     model = deep_mlp(seed, layers).to(device)
     order: list[tuple[str, int, int]] = []
+    spans: list[tuple[str, int, int, float, float]] = []  # (kind, stage, micro, start, end) in seconds
     sent = {"bytes": 0, "messages": 0}
+    timed = [False]
+
+    def busy(kind: str, s: int, i: int, t0: float) -> None:
+        # A "device" busy for the op's ticks: sleep frees the core, so 4 ranks on 2 cores act as 4 devices.
+        if timed[0] and tick_s:
+            time.sleep(tick_s * {"F": 1, "B": 1, "W": 1, "BW": 2}[kind] * per)
+        spans.append((kind, s, i, t0, time.perf_counter()))
 
     class RecordingStage(PipelineStage):
         def forward_one_chunk(self, fwd_chunk_id, *args, **kwargs):
             order.append(("F", self.stage_index, fwd_chunk_id))
-            return super().forward_one_chunk(fwd_chunk_id, *args, **kwargs)
+            t0 = time.perf_counter()
+            res = super().forward_one_chunk(fwd_chunk_id, *args, **kwargs)
+            busy("F", self.stage_index, fwd_chunk_id, t0)
+            return res
 
         def backward_one_chunk(self, bwd_chunk_id, loss=None, full_backward=True, last_backward=False):
-            order.append(("BW" if full_backward else "B", self.stage_index, bwd_chunk_id))
-            return super().backward_one_chunk(bwd_chunk_id, loss=loss, full_backward=full_backward,
-                                              last_backward=last_backward)
+            kind = "BW" if full_backward else "B"
+            order.append((kind, self.stage_index, bwd_chunk_id))
+            t0 = time.perf_counter()
+            res = super().backward_one_chunk(bwd_chunk_id, loss=loss, full_backward=full_backward,
+                                             last_backward=last_backward)
+            busy(kind, self.stage_index, bwd_chunk_id, t0)
+            return res
 
         def backward_weight_one_chunk(self, bwd_chunk_id, last_backward=False):
             order.append(("W", self.stage_index, bwd_chunk_id))
-            return super().backward_weight_one_chunk(bwd_chunk_id, last_backward=last_backward)
+            t0 = time.perf_counter()
+            res = super().backward_weight_one_chunk(bwd_chunk_id, last_backward=last_backward)
+            busy("W", self.stage_index, bwd_chunk_id, t0)
+            return res
 
         def _count(self, ops):
             for op in ops:  # the messages the schedule will post: activations forward, their gradients back
@@ -200,7 +220,8 @@ def _run_one(schedule: str, microbatches: int, seed: int, layers: int) -> dict:
     mem = LiveSaved([*model.parameters(), x, y])
     for step in range(2):  # step 0 warms up (shape inference, first messages); step 1 is recorded
         model.zero_grad(set_to_none=True)
-        order.clear(), losses.clear()
+        order.clear(), losses.clear(), spans.clear()
+        timed[0] = step == 1
         sent.update(bytes=0, messages=0)
         start = mem.peak = mem.now  # what an earlier step left behind is not this step's
         kwargs = {"target": y, "losses": losses} if has_last else {}
@@ -212,16 +233,23 @@ def _run_one(schedule: str, microbatches: int, seed: int, layers: int) -> dict:
     return {"schedule": schedule, "rank": rank, "stages": mine, "layers_per_stage": per, "order": list(order),
             "loss": torch.stack(losses).mean().item() if losses else None, "grads": mine_params,
             "peak_activation_bytes": mem.peak - start, "left_after_step_bytes": mem.now - start,
+            "spans": list(spans),
             "sent_bytes": sent["bytes"], "messages": sent["messages"]}
 
 
-def run_schedules(schedules: list[str], microbatches: int = 8, seed: int = 0, layers: int = LAYERS) -> list[dict]:
-    """One recorded training step per schedule, on this rank (run it on p ranks with `launch`)."""
+def run_schedules(schedules: list[str], microbatches: int = 8, seed: int = 0, layers: int = LAYERS,
+                  tick_s: float = 0.0) -> list[dict]:
+    """One recorded training step per schedule, on this rank (run it on p ranks with `launch`).
+
+    tick_s > 0 makes each op also take that many seconds per tick (F = B = W = 1 per layer), so the
+    recorded `spans` show the bubble in wall-clock time too (benchmarks/pipeline_zero_bubble.py).
+    """
     positive_int("microbatches", microbatches)
     positive_int("layers", layers)
     for s in schedules:
         one_of("schedule", s, tuple(SCHEDULES))
-    return [_run_one(s, microbatches, seed, layers) for s in schedules]
+    non_negative_real("tick_s", tick_s)
+    return [_run_one(s, microbatches, seed, layers, tick_s) for s in schedules]
 
 
 def gather(results: list[list[dict]]) -> dict[str, dict]:
@@ -241,4 +269,5 @@ def gather(results: list[list[dict]]) -> dict[str, dict]:
             m["sent_bytes"][r["rank"]] = r["sent_bytes"]
             m["messages"][r["rank"]] = r["messages"]
             m["layers"].update({s: r["layers_per_stage"] for s in r["stages"]})
+            m.setdefault("spans", {})[r["rank"]] = r["spans"]
     return merged
