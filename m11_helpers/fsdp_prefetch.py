@@ -107,6 +107,7 @@ class PrefetchFSDP(nn.Module):
         self.wire_dtypes: list[tuple[str, int, torch.dtype]] = []
         self.max_ahead = 0  # most all-gathers in flight (issued, not waited) while a layer computes
         self.peak_full_layers = 0  # most layers whole at once
+        self.ready_at_wait: list[bool] = []  # per wait: had the gather already arrived (its time hidden)?
         self._pending: dict[int, tuple] = {}
         self._full_now: set[int] = set()
 
@@ -126,6 +127,7 @@ class PrefetchFSDP(nn.Module):
         for k in range(1, self.prefetch + 1):  # issue the next layers' gathers before this one computes
             self._issue(i + step * k, phase)
         work, out = self._pending.pop(i)
+        self.ready_at_wait.append(work.is_completed())
         work.wait()  # just before use
         self.log.append(("wait", i, phase))
         self._full_now.add(i)
@@ -202,7 +204,8 @@ def run_prefetch(configs: list[tuple[int, str]], seed: int = 0) -> list[dict]:
         dist.all_reduce(total)
         out.append({"prefetch": prefetch, "dtype": dtype, "loss": total.item() / net.world, "grads": grads,
                     "log": list(net.log), "wire": list(net.wire_dtypes), "max_ahead": net.max_ahead,
-                    "peak_full_layers": net.peak_full_layers, "forward_peak": mem.peaks["start"],
+                    "peak_full_layers": net.peak_full_layers, "ready_at_wait": list(net.ready_at_wait),
+                    "forward_peak": mem.peaks["start"],
                     "backward_peak": mem.peaks["backward"],
                     "layer_bytes": [p * torch.tensor([], dtype=net.dtype).element_size() for p in net.padded]})
     return out
