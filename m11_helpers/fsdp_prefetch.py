@@ -51,6 +51,20 @@ def _scatter_fn():
     return getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
+class _LoggedWork:
+    """An async all-gather's handle that logs ("wait", layer, phase) when anyone waits on it: an eager wait shows."""
+
+    def __init__(self, work, log: list, i: int, phase: str):
+        self.work, self.log, self.i, self.phase = work, log, i, phase
+
+    def is_completed(self) -> bool:
+        return self.work.is_completed()
+
+    def wait(self):
+        self.log.append(("wait", self.i, self.phase))
+        return self.work.wait()
+
+
 class _Layer(torch.autograd.Function):
     """y = x Wᵀ + b with W, b gathered on demand; backward gathers again and reduce-scatters dW, db."""
 
@@ -116,7 +130,7 @@ class PrefetchFSDP(nn.Module):
             return
         send = self.shards[i].detach().to(self.dtype)  # cast BEFORE the wire: 2 bytes per element in bf16
         out = torch.empty(self.padded[i], dtype=self.dtype, device=send.device)
-        work = _gather_fn()(out, send, group=self.group, async_op=True)
+        work = _LoggedWork(_gather_fn()(out, send, group=self.group, async_op=True), self.log, i, phase)
         self.wire_dtypes.append(("all_gather", i, send.dtype))
         self.log.append(("issue", i, phase))
         self._pending[i] = (work, out)
@@ -128,8 +142,7 @@ class PrefetchFSDP(nn.Module):
             self._issue(i + step * k, phase)
         work, out = self._pending.pop(i)
         self.ready_at_wait.append(work.is_completed())
-        work.wait()  # just before use
-        self.log.append(("wait", i, phase))
+        work.wait()  # just before use (logged by the handle)
         self._full_now.add(i)
         self.peak_full_layers = max(self.peak_full_layers, len(self._full_now) + len(self._pending))
         self.max_ahead = max(self.max_ahead, len(self._pending))
