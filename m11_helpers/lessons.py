@@ -61,9 +61,10 @@ LESSONS: tuple[Lesson, ...] = (
     _l("01_hardware", "hardware hardware_specs roofline compute_budget", "hardware"),
     _l("02_collectives", "collectives comm_model collectives_plots", "collectives"),
     _l("03_data_parallel", "data_parallel ddp_overlap", "data_parallel"),
-    _l("04_model_parallel", "pipeline pipeline_run pipeline_comm tensor_parallel tensor_parallel_run planner overlap",
-       "pipeline tensor_parallel planner overlap"),
-    _l("05_zero_fsdp", "zero zero_lab zero_optimizer fsdp live_memory", "zero fsdp"),
+    _l("04_model_parallel", "pipeline pipeline_run pipeline_comm tensor_parallel tensor_parallel_run planner overlap "
+       "pipeline_zb pipeline_ticks backward_split", "pipeline tensor_parallel planner overlap pipeline_zb"),
+    _l("05_zero_fsdp", "zero zero_lab zero_optimizer fsdp live_memory fsdp_prefetch fsdp2_knobs sharded_muon",
+       "zero fsdp fsdp_prefetch fsdp2_knobs sharded_muon"),
     _l("06_mixed_precision", "number_formats loss_scaling master_weights autocast_ops held_memory precision_speed "
        "clipping nan_hunter fp8_scaling fp8_lab", "mixed_precision loss_scaling clipping fp8_scaling"),
     _l("07_gradient_accumulation", "gradient_accumulation accumulation_step accumulation_limits",
@@ -76,8 +77,9 @@ LESSONS: tuple[Lesson, ...] = (
        "throughput reference_run live_replica live_recovery restart_drill diloco",
        "cloud fault_tolerance sharded_checkpoint spike_guard train_script live_recovery diloco"),
     _l("11_capstone", "capstone_plan capstone_gpu capstone_measure capstone_build", "capstone"),
-    _l("12_long_context_moe", "sequence_parallel context_parallel expert_parallel hsdp planner5d long_context_runs",
-       "sequence_parallel context_parallel expert_parallel hsdp planner5d long_context_runs"),
+    _l("12_long_context_moe", "sequence_parallel context_parallel expert_parallel hsdp planner5d long_context_runs "
+       "ulysses moe_balance", "sequence_parallel context_parallel expert_parallel hsdp planner5d long_context_runs "
+       "ulysses moe_balance"),
 )  # lessons: end
 
 ROWS: tuple[Row, ...] = LESSONS + (
