@@ -4,6 +4,7 @@
 # and for contributors:
 #   make test-lesson N=05   — one lesson's tests, notebook, grading and wrong answers (about a minute)
 #   make course             — execute every course notebook, print each one's time, build the slides
+#   make site               — the course website in build/site/ (executes every lesson first; EXECUTED=DIR reuses)
 #
 # Set-up creates .venv when missing. TORCH_SPEC picks the torch version (default: the tested pin),
 # TORCH_INDEX where it comes from (default: pip's index, PyPI). On Linux x86-64 PyPI's torch==2.13.0 is
@@ -29,7 +30,7 @@ PYTEST      := CUDA_VISIBLE_DEVICES= M11_STRICT=1 OMP_NUM_THREADS=1 $(BIN)/pytho
 JOBS        ?= 3
 XDIST       := $(if $(filter-out 1,$(JOBS)),-n $(JOBS))
 
-.PHONY: lab course test test-lesson lint exercises slides clean-notebooks doctor gpu-check
+.PHONY: lab course site test test-lesson lint exercises slides clean-notebooks doctor gpu-check
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -49,6 +50,12 @@ lab: $(STAMP)
 
 course: $(STAMP)
 	$(BIN)/m11 course
+
+# the website (m11_helpers/tools/site.py) is built from executed notebooks: `m11 course` writes them to
+# build/executed/ (about 10 min on 2 cores); EXECUTED=DIR builds from a folder that already has them
+site: $(STAMP)
+	$(if $(EXECUTED),,$(BIN)/m11 course --no-slides)
+	$(BIN)/m11 site --executed "$(or $(EXECUTED),build/executed)"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
