@@ -51,7 +51,7 @@ lab: $(STAMP)
 course: $(STAMP)
 	$(BIN)/m11 course
 
-# the website (m11_helpers/tools/site.py) is built from executed notebooks: `m11 course` writes them to
+# the website (m11_helpers/tools/course_site.py) is built from executed notebooks: `m11 course` writes them to
 # build/executed/ (about 10 min on 2 cores); EXECUTED=DIR builds from a folder that already has them
 site: $(STAMP)
 	$(if $(EXECUTED),,$(BIN)/m11 course --no-slides)

@@ -74,7 +74,7 @@ def module_extra(module: str) -> str | None:
         return None
     if module in ("m11_helpers.tools.slides", "m11_helpers.tools.course"):
         return "slides"
-    if module in ("m11_helpers.tools.site", "m11_helpers.tools.site_pages"):
+    if module in ("m11_helpers.tools.course_site", "m11_helpers.tools.site_pages"):
         return "site"
     return "grade" if module.startswith("m11_helpers.grading.") else "dev"  # contributor tools: nbclean, new-lesson
 

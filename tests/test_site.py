@@ -1,6 +1,6 @@
 """The course site (`m11 site`), built once from this session's executed notebooks, read as a visitor would.
 
-The build (tools/site.py) takes the copies the course-notebook run kept (build/test-artifacts/executed,
+The build (tools/course_site.py) takes the copies the course-notebook run kept (build/test-artifacts/executed,
 tests/conftest.py) where they are complete and current, so nothing is executed again; the scheduler keeps
 this file in the course unit, after the notebooks (`after_course`). One build (~20 s on 2 cores), then:
 
@@ -56,7 +56,7 @@ CUT = """((extra) => {
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
-    from m11_helpers.tools.site import build_site
+    from m11_helpers.tools.course_site import build_site
 
     if not installed(assets_dir()):
         pytest.skip(f"no offline assets (MathJax) in {assets_dir()}: run `python -m m11_helpers.tools.assets`")

@@ -27,7 +27,7 @@ COMMANDS = {
     "make-exercises": ("m11_helpers.grading.exercises", "main", "regenerate exercises/ from solutions/"),
     "grade": ("m11_helpers.grading.grader", "main", "autograde notebooks and write score reports"),
     "slides": ("m11_helpers.tools.slides", "main", "build offline reveal.js decks into build/slides/"),
-    "site": ("m11_helpers.tools.site", "main", "build the course website from the executed notebooks into build/site/"),
+    "site": ("m11_helpers.tools.course_site", "main", "build the course website from the executed notebooks into build/site/"),
     "nbclean": ("m11_helpers.tools.notebooks", "main", "strip volatile outputs and metadata from notebooks"),
     "new-lesson": ("m11_helpers.tools.new_lesson", "main", "write a lesson skeleton that passes the suite"),
     "script": ("m11_helpers.tools.scripts", "main", "print the path of a course script (for accelerate launch)"),

@@ -1,4 +1,4 @@
-"""What a page of the course site shows (`m11 site`, tools/site.py): a lesson as read, an exercise as set.
+"""What a page of the course site shows (`m11 site`, tools/course_site.py): a lesson as read, an exercise as set.
 
 - A lesson page is the executed notebook without what is the presenter's (speaker-notes cells) or the
   test harness's (nbval marker lines), with each widget's output explained (its live state needs a

@@ -1,4 +1,4 @@
-# Sphinx configuration of the course site, written by `m11 site` (m11_helpers/tools/site.py): nothing here
+# Sphinx configuration of the course site, written by `m11 site` (m11_helpers/tools/course_site.py): nothing here
 # reaches the network at build or view time. MyST-NB reads the notebooks as executed (execution off).
 project = "M11 · Training at Scale"
 author = "The M11 · Training at Scale maintainers"
