@@ -6,7 +6,9 @@
 It runs before the course is installed: standard library only, run as a file. Each step prints its
 number and the seconds so far; pip's or uv's own lines (Collecting…, Downloading…) show the rest.
 
-- uv when it is on PATH (`uv venv`, `uv pip install`: parallel downloads), else pip;
+- uv when it is on PATH (`uv venv`, `uv pip install`: parallel downloads), else the venv's own pip (the
+  one `python -m venv` seeds: 23.x on Python 3.10+, new enough; upgrading it first cost a process and
+  a download on every set-up);
 - torch and the course in one resolver pass, the torch build chosen by the machine (`--torch-build auto`):
   an NVIDIA GPU (`nvidia-smi` on PATH, or /proc/driver/nvidia) takes PyPI's torch, the CUDA build; no
   NVIDIA GPU takes the CPU build — a CPU wheel of the version asked for that lies in pip's find-links (a
@@ -90,9 +92,6 @@ def plan(venv: Path, extras: str, spec: str, index: str, build: str, uv: str | N
     if not (venv / "bin" / "python").exists():
         out.steps.append((f"create {venv}", [uv, "venv", "--seed", str(venv)] if uv else
                           [sys.executable, "-m", "venv", str(venv)]))
-    if not uv:
-        out.steps.append(("a current pip (faster resolver, newer wheels)", [py, "-m", "pip", "install", "-q",
-                                                                             "--upgrade", "pip"]))
     cpu = build == "cpu" or (build == "auto" and not gpu)
     if index:
         out.torch_why = f"torch from {index} (TORCH_INDEX), then the course"
