@@ -20,6 +20,7 @@ import json
 import re
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import nbformat
@@ -121,7 +122,7 @@ def test_site_pages_load_offline_search_math_plots_and_nothing_cut(site) -> None
     base = f"http://127.0.0.1:{port}/"
     try:
         with Chromium(offline=True, width=1280, height=800) as page:
-            wait_for(lambda: page.goto(base + "index.html") or True, 30, "the site's server")
+            wait_for(lambda: urllib.request.urlopen(base + "index.html", timeout=2).status == 200, 30, "the site's server")
             cut = {}
             for name in pages:
                 page.goto(base + name)
