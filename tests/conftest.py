@@ -146,7 +146,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     class ByFile(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::")[0]
-            if path.startswith("course/") or path == "tests/test_browser.py":
+            if path.startswith("course/") or path in ("tests/test_browser.py", "tests/test_site.py"):
                 return "course"
             if path == "tests/test_wrong_answers.py" and nodeid.endswith("]"):
                 return f"{path}::{nodeid.rsplit('[', 1)[1].split('-')[0]}"  # [02_collectives], [00_welcome-0]

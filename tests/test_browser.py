@@ -34,6 +34,7 @@ import pytest
 from m11_helpers.tools.assets import assets_dir, installed
 from m11_helpers.tools.slides import build_deck
 from support.browser import Chromium, JupyterLab, find_chromium, wait_for, wait_for_cells, warm_font_cache
+from support.deck_fit import fit_deck
 from support.decks import MEASURE as MEASURE_ONE
 from support.decks import SETUP as SETUP_SLIDES
 from support.decks import deck_sources, measure_deck
@@ -117,6 +118,11 @@ def test_no_slide_of_any_deck_cuts_code_or_output_at_an_edge(tmp_path: Path) -> 
     probe = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# Wide lines"),
                                             nbformat.v4.new_code_cell(long)])
     probe.cells[1].outputs = [nbformat.v4.new_output("stream", text="-" * 400 + "\n")]
+    tall = nbformat.v4.new_markdown_cell("\n".join(f"- line {i}" for i in range(60)))
+    tall.metadata["slideshow"] = {"slide_type": "slide"}
+    short = nbformat.v4.new_markdown_cell("## A slide that fits")
+    short.metadata["slideshow"] = {"slide_type": "slide"}
+    probe.cells += [tall, short]
     nbformat.write(probe, tmp_path / "wide.ipynb")
     sources = deck_sources()
     decks = {stem: build_deck(path, tmp_path / "slides") for stem, (path, _) in sources.items()}
@@ -124,6 +130,10 @@ def test_no_slide_of_any_deck_cuts_code_or_output_at_an_edge(tmp_path: Path) -> 
     reports = {}
     with Chromium(offline=True, width=1280, height=720) as page:
         assert measure_deck(page, wide)["cut"] == [], "a 400-character line must wrap / scroll in its box"
+        # the stricter fit measure (tests/support/deck_fit.py): the scrolled output is too wide, the 60-line
+        # slide too tall though it scrolls, the short slide fits
+        fit = fit_deck(page, wide)
+        assert [s for s, _ in fit["wide"]] == ["0.0"] and [s for s, _ in fit["tall"]] == ["1.0"], fit
         page.evaluate(UNWRAPPED)  # the control: the same deck, still open, with our wrapping switched off
         cut = [c for h, v in page.evaluate(SETUP_SLIDES) for c in page.evaluate(MEASURE_ONE % (h, v))["cut"]]
         assert cut, "the measurement must see a line cut at the edge when wrapping is off"

@@ -32,6 +32,7 @@ from packaging.requirements import Requirement
 from packaging.version import Version
 
 from m11_helpers import REPO
+from m11_helpers.tools import setup_venv
 from m11_helpers.tools.setup_cell import install_spec, repo_url, setup_cell_source
 from support.venvs import COLAB_PINS, RegistryUnreachable, cached_venv, colab_venv, installed, pip
 from support.wheel import CHECK_EXIT, kernel_env, wheel_file
@@ -74,6 +75,8 @@ def module_extra(module: str) -> str | None:
         return None
     if module in ("m11_helpers.tools.slides", "m11_helpers.tools.course"):
         return "slides"
+    if module in ("m11_helpers.tools.course_site", "m11_helpers.tools.site_pages"):
+        return "site"
     return "grade" if module.startswith("m11_helpers.grading.") else "dev"  # contributor tools: nbclean, new-lesson
 
 
@@ -309,14 +312,42 @@ def _make_n(*args: str) -> list[str]:
 
 
 def test_setup_takes_torch_alone_from_the_index_named_by_torch_index() -> None:
-    stamp = ("-B", f"{sys.prefix}/.m11-installed")
-    default = [ln for ln in _make_n(*stamp) if "pip install" in ln]
-    assert default and not [ln for ln in default if "--index-url" in ln]  # pip's own index unless told
-    cpu = "https://download.pytorch.org/whl/cpu"
-    told = [ln for ln in _make_n(*stamp, f"TORCH_INDEX={cpu}") if "pip install" in ln]
-    (torch_line,) = [ln for ln in told if '"torch==' in ln]
-    assert f'--index-url "{cpu}"' in torch_line
-    assert not [ln for ln in told if "--index-url" in ln and ln != torch_line]  # the rest: pip's index
+    (line,) = [ln for ln in _make_n("-B", f"{sys.prefix}/.m11-installed", "TORCH_INDEX=https://example.org/whl")
+               if "setup_venv.py" in ln]
+    assert '--torch-index "https://example.org/whl"' in line and '--torch-spec "torch==2.13.0"' in line
+    told = setup_venv.plan(Path("v"), "lab,dev", "torch==2.13.0", "https://example.org/whl", "auto", None, None, None)
+    installs = [cmd for _, cmd in told.steps if "install" in cmd and "pip" not in cmd[-1]]
+    assert installs[0][-3:] == ["--index-url", "https://example.org/whl", "torch==2.13.0"]
+    assert installs[1][-2:] == ["-e", ".[lab,dev]"] and "--index-url" not in installs[1]  # the rest: pip's index
+
+
+def test_setup_picks_the_torch_build_by_the_machine_in_one_resolver_pass(tmp_path: Path) -> None:
+    plan = lambda build="auto", gpu=None, wheel=None, uv=None: [  # noqa: E731
+        cmd for _, cmd in setup_venv.plan(tmp_path / "v", "lab,dev", "torch==2.13.0", "", build, uv, gpu, wheel).steps
+        if "install" in cmd and "pip" not in cmd[-1]]
+    # an NVIDIA GPU: PyPI's torch (the CUDA build) and the course, one pass
+    assert plan(gpu="nvidia-smi is on PATH") == [[str(tmp_path / "v/bin/python"), "-m", "pip", "install",
+                                                   "torch==2.13.0", "-e", ".[lab,dev]"]]
+    # none: PyTorch's CPU index for torch alone (never PyPI's CUDA build), then the course
+    (torch, course) = plan()
+    assert torch[-3:] == ["--index-url", setup_venv.CPU_INDEX, "torch==2.13.0"] and course[-2:] == ["-e", ".[lab,dev]"]
+    assert plan(build="cpu", gpu="nvidia-smi is on PATH")[0][-2] == setup_venv.CPU_INDEX
+    # a CPU wheel of the pinned version in pip's find-links (this project's machines): taken as is, one pass
+    store = tmp_path / "wheels"
+    store.mkdir()
+    tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    wheel = store / f"torch-2.13.0+cpu-{tag}-{tag}-manylinux_2_28_x86_64.whl"
+    wheel.write_bytes(b"")
+    (store / f"torch-2.12.0+cpu-{tag}-{tag}-manylinux_2_28_x86_64.whl").write_bytes(b"")
+    assert setup_venv.local_cpu_wheel("torch==2.13.0", [str(tmp_path / "none"), str(store)]) == wheel
+    assert setup_venv.local_cpu_wheel("torch>=2.6", [str(store)]) is None  # only an exact pin names one file
+    assert plan(wheel=wheel) == [[str(tmp_path / "v/bin/python"), "-m", "pip", "install", str(wheel), "-e", ".[lab,dev]"]]
+    # uv when present: its venv (with pip seeded, which the tests use) and its installer
+    uv = setup_venv.plan(tmp_path / "v", "lab,dev", "torch==2.13.0", "", "auto", "/bin/uv", None, wheel)
+    assert uv.steps[0][1] == ["/bin/uv", "venv", "--seed", str(tmp_path / "v")]
+    assert uv.steps[-1][1][:5] == ["/bin/uv", "pip", "install", "--python", str(tmp_path / "v/bin/python")]
+    with pytest.raises(ValueError, match="torch_build='gpu'"):
+        setup_venv.plan(tmp_path / "v", "", "torch", "", "gpu", None, None, None)
 
 
 def test_make_test_runs_the_cpu_suite_with_the_gpus_hidden() -> None:

@@ -5,11 +5,15 @@ exercise notebook, with `if: always()` honoured, this checkout's package (alread
 the install step but nothing importable beyond what that step's install line brings
 (tests/support/installs.py: the `[grade]` extra or `m11 grade` cannot run), and `$GITHUB_STEP_SUMMARY`
 pointed at a file. `uses:` steps (checkout,
-setup-python, upload-artifact) are GitHub's; for the upload we check that its paths exist.
+setup-python, upload-artifact, Classroom's reporter) are GitHub's; for the upload we check that its paths
+exist, and for the reporter we decode the runner result it would read, `$GITHUB_OUTPUT` being a file here,
+and add up its points as the reporter does (m11_helpers/grading/classroom_points.py): they must be
+`m11 grade`'s, per exercise and in total, from the same graded run.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -19,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from m11_helpers.grading import classroom_points
 from m11_helpers.tools.setup_cell import install_spec
 from support.installs import only_installed, provided_imports
 
@@ -49,9 +54,10 @@ def run_job(repo: Path, min_score: str, only: str | None = None) -> tuple[int, l
     (job,) = wf["jobs"].values()
     summary = repo / "step_summary.md"
     summary.write_text("")
+    (repo / "github_output").write_text("")
     env = dict(os.environ)
     env.update({k: str(v) for k, v in {**wf.get("env", {}), **job.get("env", {})}.items() if "${{" not in str(v)})
-    env.update(MIN_SCORE=min_score, GITHUB_STEP_SUMMARY=str(summary), CI="true",
+    env.update(MIN_SCORE=min_score, GITHUB_STEP_SUMMARY=str(summary), GITHUB_OUTPUT=str(repo / "github_output"), CI="true",
                PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     env = only_installed(install_steps(wf), repo.parent / "imports", env)  # pip cannot run here: only what it would bring
     failed, ran = False, []
@@ -99,6 +105,14 @@ def test_workflow_installs_the_course_grades_uploads_and_gates() -> None:
     assert "MIN_SCORE" in str(wf["env"]) and "min_score" in str(wf[True]["workflow_dispatch"]["inputs"])
     # the threshold is an input with a repository-variable fallback, as the README says
     assert re.search(r"inputs\.min_score\s*\|\|\s*vars\.M11_MIN_SCORE", wf["env"]["MIN_SCORE"])
+    # GitHub Classroom takes points only from this workflow name and job id (the reporter's README)
+    assert wf["name"] == "Autograding Tests" and list(wf["jobs"]) == ["run-autograding-tests"]
+    (points,) = [s for s in job["steps"] if s.get("id") == classroom_points.RUNNER]
+    (reporter,) = [s for s in job["steps"] if "autograding-grading-reporter" in s.get("uses", "")]
+    assert "always()" in points["if"] and "always()" in reporter["if"]
+    assert reporter["with"]["runners"] == classroom_points.RUNNER
+    assert reporter["env"] == {f"{classroom_points.RUNNER.upper()}_RESULTS":
+                               f"${{{{ steps.{classroom_points.RUNNER}.outputs.result }}}}"}
 
 
 def test_readme_and_workflow_say_feedback_here_grade_from_the_instructor() -> None:
@@ -115,11 +129,12 @@ def test_unanswered_exercises_fail_the_threshold_but_still_report(tmp_path: Path
     repo = student_repo(tmp_path, REPO / "exercises" / LESSON)
     code, ran, summary = run_job(repo, min_score="50")
     assert code == 1, ran
-    assert ran[-1] == ("Fail below the threshold", 1), ran
+    assert ran[-2:] == [("Fail below the threshold", 1), ("Points for GitHub Classroom", 0)], ran
     assert ("Grade the exercises", 0) in ran  # --min-score 0: grading itself never fails the job
     for name in ("report.md", "report.json", "junit.xml"):
         assert (repo / "reports" / name).is_file(), name
     assert "Total: 0 /" in summary and LESSON in summary
+    classroom_matches_grade(repo, status="fail")
     # the same reports pass a threshold of 0
     code0, ran0, _ = run_job(repo, min_score="0", only="Fail below the threshold")
     assert (code0, ran0) == (0, [("Fail below the threshold", 0)])
@@ -130,5 +145,19 @@ def test_answered_exercises_pass_the_threshold(tmp_path: Path) -> None:
     repo = student_repo(tmp_path, REPO / "solutions" / LESSON)
     code, ran, summary = run_job(repo, min_score="100")
     assert code == 0, ran
-    assert [c for _, c in ran] == [0, 0, 0], ran
+    assert [c for _, c in ran] == [0, 0, 0, 0], ran
     assert "(100%)" in summary
+    classroom_matches_grade(repo, status="pass")
+
+
+def classroom_matches_grade(repo: Path, status: str) -> None:
+    """The points the Classroom reporter would read are m11 grade's, per exercise and in total."""
+    outputs = (repo / "github_output").read_text().splitlines()
+    (value,) = [line.split("=", 1)[1] for line in outputs if line.startswith("result=")]
+    result = classroom_points.decode(value)
+    report = json.loads((repo / "reports" / "report.json").read_text())
+    graded = {f"{nb['notebook']} · Exercise {e['exercise']}": (e["points"], e["max_points"])
+              for nb in report["notebooks"] for e in nb["exercises"]}
+    assert len(graded) >= 2 and {t["name"]: (t["score"], t["max_score"]) for t in result["tests"]} == graded
+    assert classroom_points.points(result) == (report["score"], report["max_score"]) and report["max_score"] > 0
+    assert result["status"] == status and result["version"] == 1

@@ -5,6 +5,7 @@
     m11 make-exercises          regenerate exercises/ from solutions/
     m11 grade PATH...           autograde notebooks, write Markdown/JSON/JUnit reports
     m11 slides [NB...]          build offline reveal.js decks into build/slides/
+    m11 site                    build the course website (every lesson executed, searchable) into build/site/
     m11 nbclean [--check] ...   strip volatile outputs and metadata from notebooks
     m11 new-lesson NN topic     write a lesson skeleton that passes the suite
     m11 where NN                every place of a lesson: modules, notebooks and exercise cells, wrong answers, tests
@@ -27,6 +28,7 @@ COMMANDS = {
     "make-exercises": ("m11_helpers.grading.authoring.exercises", "main", "regenerate exercises/ from solutions/"),
     "grade": ("m11_helpers.grading.classroom.command", "main", "autograde notebooks and write score reports"),
     "slides": ("m11_helpers.tools.slides", "main", "build offline reveal.js decks into build/slides/"),
+    "site": ("m11_helpers.tools.course_site", "main", "build the course website from the executed notebooks into build/site/"),
     "nbclean": ("m11_helpers.tools.notebooks", "main", "strip volatile outputs and metadata from notebooks"),
     "new-lesson": ("m11_helpers.tools.new_lesson", "main", "write a lesson skeleton that passes the suite"),
     "where": ("m11_helpers.tools.where", "main", "every place of lesson NN: modules, notebooks, wrong answers, tests"),
@@ -36,7 +38,7 @@ COMMANDS = {
 
 
 # the extra a command needs beyond the core (the notebooks' install): without it, `m11` says what to install
-EXTRAS = {"course": "slides", "slides": "slides", "grade": "grade", "make-exercises": "grade", "nbclean": "dev",
+EXTRAS = {"course": "slides", "slides": "slides", "site": "site", "grade": "grade", "make-exercises": "grade", "nbclean": "dev",
           "new-lesson": "dev"}
 
 
