@@ -7,7 +7,7 @@ the install step but nothing importable beyond what that step's install line bri
 pointed at a file. `uses:` steps (checkout,
 setup-python, upload-artifact, Classroom's reporter) are GitHub's; for the upload we check that its paths
 exist, and for the reporter we decode the runner result it would read, `$GITHUB_OUTPUT` being a file here,
-and add up its points as the reporter does (m11_helpers/grading/classroom_points.py): they must be
+and add up its points as the reporter does (m11_helpers/grading/classroom/points.py): they must be
 `m11 grade`'s, per exercise and in total, from the same graded run.
 """
 
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from m11_helpers.grading import classroom_points
+from m11_helpers.grading.classroom import points as classroom_points
 from m11_helpers.tools.setup_cell import install_spec
 from support.installs import only_installed, provided_imports
 

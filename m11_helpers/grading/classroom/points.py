@@ -1,6 +1,6 @@
 """GitHub Classroom's points for a student repository: `m11 grade`'s report.json in the form Classroom reads.
 
-    python -m m11_helpers.grading.classroom_points reports/report.json --min-score 60
+    python -m m11_helpers.grading.classroom.points reports/report.json --min-score 60
 
 The grading step of the student template (templates/student_repo/.github/workflows/grade.yml) runs
 this after `m11 grade`; the next step, `classroom-resources/autograding-grading-reporter@v1`, hands
@@ -71,7 +71,7 @@ def points(*results: dict) -> tuple[float, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m m11_helpers.grading.classroom_points", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m m11_helpers.grading.classroom.points", description=__doc__.split("\n")[0])
     parser.add_argument("report", type=Path, help="m11 grade's report.json")
     parser.add_argument("--min-score", type=float, default=0.0, help="percent below which the runner's status is fail")
     args = parser.parse_args(argv)
