@@ -8,7 +8,7 @@ The rule of thumb is Narayanan et al. 2021 (Megatron-LM, §3, Takeaways #1–#2)
 to the GPUs of one node (it needs NVLink: 4 all-reduces per layer per micro-batch), then pipeline
 parallelism across nodes until the model fits (point-to-point, small), then data parallelism for
 the rest. Memory comes from the course's one owner of each figure: model states from
-`m11_helpers.model_states` (default layout "megatron": ZeRO §3.1's 16 B/param), activations from
+`m11_helpers.model_states` (default layout "megatron": 18 B/param, Megatron Core's table), activations from
 `m11_helpers.activations` (Korthikanti et al. 2022, §4, generalised). Estimates, not measurements: a
 plan "fits" when it uses at most HEADROOM (80 %) of a GPU's memory, leaving room for buffers and
 fragmentation. Links: lesson 02's rail model (`comm_model.Fabric`, one ring per NIC), through `placement_link`.
@@ -29,8 +29,8 @@ from m11_helpers.validate import one_of, positive_int
 
 GB = 1e9
 HEADROOM = 0.8  # plan to fill 80 % of a GPU's memory: the rest goes to buffers, workspace, fragmentation (an assumption)
-# ZeRO §3.1's 16 B/param (bf16 weights + grads, fp32 master + Adam), an assumption for Megatron-LM's 2021 runs;
-# Megatron-LM's bf16 default keeps fp32 gradients (18 B, model_states "megatron-fp32-grads"): pass layout= to compare.
+# Megatron-LM's bf16 layout (model_states "megatron": bf16 weights, fp32 main grads, fp32 master + Adam, 18 B/param,
+# Megatron Core's distributed-optimizer table); pass layout="deepspeed" for the ZeRO paper's 16 B.
 LAYOUT = "megatron"
 
 

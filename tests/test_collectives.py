@@ -79,7 +79,7 @@ def test_seven_b_gradient_on_nvlink_is_tens_of_milliseconds():
     from m11_helpers.model_states import gradient_bytes
 
     psi = param_count(RUNNING_EXAMPLE)
-    S = gradient_bytes(psi, "megatron")  # bf16 gradients (ZeRO §3.1 layout)
+    S = gradient_bytes(psi, "deepspeed")  # bf16 gradients (ZeRO §3.1 layout)
     assert S == 2 * psi and gradient_bytes(psi, "autocast") == 4 * psi  # torch.amp reduces fp32 gradients
     t = cm.ring_allreduce_time(S, 8, cm.NVLINK_H100.alpha, cm.NVLINK_H100.beta)
     assert t == pytest.approx(2 * 7 / 8 * S / 450e9, rel=1e-3) and 0.05 < t < 0.06

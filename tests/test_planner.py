@@ -42,7 +42,8 @@ def test_rule_reproduces_tp8_pp64_for_1t():
 def test_rule_matches_table1_where_memory_decides():
     got = {cfg.name: (r.tp, r.pp) for cfg, _, _, g, b in MEGATRON_TABLE1 if (r := megatron_rule(cfg, SELENE, g, b))}
     for name, expected in [("GPT 1.7B", (1, 1)), ("GPT 18.4B", (8, 1)), ("GPT 39.1B", (8, 2)),
-                           ("GPT 76.1B", (8, 4)), ("GPT 145.6B", (8, 8))]:
+                           ("GPT 76.1B", (8, 4)), ("GPT 145.6B", (8, 8)), ("GPT 529.6B", (8, 35)),
+                           ("GPT 1008.0B", (8, 64))]:
         assert got[name] == expected
 
 
@@ -62,8 +63,8 @@ def test_memory_comes_from_the_kit_and_equals_the_shared_figures():
     assert first_stage_params(RUNNING_EXAMPLE, 1) == param_count(RUNNING_EXAMPLE)
     assert first_stage_params(RUNNING_EXAMPLE, 4) < param_count(RUNNING_EXAMPLE) / 3  # 8 of 32 layers + embedding
     assert SELENE.memory_gb == pytest.approx(80 * 2**30 / 1e9)  # an "80 GB" A100 holds 80 GiB
-    fp32_grads = memory_per_gpu(RUNNING_EXAMPLE, tp=1, pp=1, layout="megatron-fp32-grads")  # Megatron's bf16 default
-    assert fp32_grads["states"] == pytest.approx(mem["states"] * 18 / 16)
+    bf16_grads = memory_per_gpu(RUNNING_EXAMPLE, tp=1, pp=1, layout="deepspeed")  # the ZeRO paper's 16 B
+    assert mem["states"] == pytest.approx(bf16_grads["states"] * 18 / 16)  # Megatron's fp32 main grads: 18 B
     with pytest.raises(ValueError, match="layout"):
         memory_per_gpu(RUNNING_EXAMPLE, tp=1, pp=1, layout="fp8")
 
@@ -87,9 +88,10 @@ def test_plan_3d_is_sorted_and_consistent():
 
 
 def test_zero1_moves_the_rule():
-    # ZeRO-1 shards master + Adam (12 B/param) over dp: 4 + 12/dp bytes per parameter (exercise 4.4 derives it)
+    # ZeRO-1 shards master + Adam (12 B/param) over dp: 6 + 12/dp bytes per parameter, Megatron Core's
+    # distributed-optimizer row for bf16 params with fp32 grads (exercise 4.4 derives it)
     z, n = memory_per_gpu(RUNNING_EXAMPLE, tp=1, pp=1, dp=64, zero1=True), param_count(RUNNING_EXAMPLE)
-    assert z["states"] * 1e9 == pytest.approx(4 * n + 12 * -(-n // 64))
+    assert z["states"] * 1e9 == pytest.approx(6 * n + 12 * -(-n // 64))
     seven_b = megatron_rule(RUNNING_EXAMPLE, SELENE, 64, 512, zero1=True)
     assert (seven_b.dp, seven_b.tp, seven_b.pp) == (64, 1, 1)  # without ZeRO-1: (32, 2, 1)
     one_t = megatron_rule(MEGATRON_1T, SELENE, 3072, 3072, zero1=True)

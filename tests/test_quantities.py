@@ -82,8 +82,8 @@ def test_values_come_from_the_owning_helpers():
     # the figures the lessons used to disagree on: autocast moves fp32 gradients; one activation model
     shown = {k: Q.QUANTITIES[k].text() for k in Q.KEYS}
     assert shown["7b.grad_bytes.autocast"] == "27.0 GB" and shown["7b.grad_bytes.autocast+bf16-hook"] == "13.5 GB"
-    assert shown["7b.model_states.megatron"] == "107.8 GB = 100.4 GiB"
-    assert shown["7b.model_states.megatron-fp32-grads"] == "121.3 GB = 113.0 GiB"
+    assert shown["7b.model_states.deepspeed"] == "107.8 GB = 100.4 GiB"
+    assert shown["7b.model_states.megatron"] == "121.3 GB = 113.0 GiB"
     assert shown["7b.model_states.deepspeed.zero1.n8"] == "37.1 GB = 34.5 GiB"
     assert shown["7b.bytes_per_param.autocast"].startswith("16 B/param (4 + 4 + 0 + 8")
     assert [shown[f"7b.activations.{k}"].split(" GB")[0] for k in ("none", "none.flash", "selective", "full")] == \
