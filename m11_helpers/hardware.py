@@ -224,7 +224,7 @@ def measured_chip(name: str, peak_tflops: dict, bandwidth_bytes: float, memory_b
         except ImportError:
             memory_bytes = 2**30
     return Chip(name, "CPU", dict(peak_tflops), int(memory_bytes), bandwidth_bytes / 1e12, "none (one host)", None,
-                "measured in this notebook")
+                "measured in this notebook", as_of="this run")
 
 
 def device_choices(measured: Chip | None = None) -> dict[str, Chip]:

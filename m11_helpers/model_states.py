@@ -81,7 +81,7 @@ LAYOUTS: dict[str, Layout] = {lay.name: lay for lay in (
            "gradients are reduced in the model's 16-bit dtype unless communication_data_type is set "
            "(deepspeed/runtime/engine.py, communication_data_type); bf16 with data_types.grad_accum_dtype='fp32' "
            "at ZeRO stage 1 switches to DeepSpeed's BF16_Optimizer, which keeps fp32 gradients (the 18 B of 'megatron')",
-           title="DeepSpeed bf16 = ZeRO paper (bf16 params and grads, fp32 master)"),
+           title="DeepSpeed bf16 (bf16 params and grads, fp32 master)"),
     Layout("fsdp2-mp", 4, 4, 0, 8, 4, "FSDP2 fully_shard with MixedPrecisionPolicy(param_dtype=bf16, "
            "reduce_dtype=fp32)", "PyTorch FSDP2 docs: fully_shard, MixedPrecisionPolicy",
            "sharded fp32 parameters and gradients; each layer's bf16 unsharded copy exists only while the "

@@ -192,8 +192,14 @@ def test_table_has_the_issue_rows_each_with_a_source():
         assert name in CHIPS
     for c in CHIPS.values():
         assert "http" in c.source or "ISCA" in c.source, c.name
-        assert "bf16" in c.peak_tflops, c.name
+        assert "bf16" in c.peak_tflops or "not in the sources" in c.note, c.name  # never a made-up peak
         assert set(c.peak_tflops) <= set(DTYPE_BYTES)
+        assert c.as_of and c.cite.endswith(f"(as of {c.as_of})"), c.name
+    # 2026 rows: Blackwell Ultra and MI355X carry 288 GiB, the most per chip; v6e's MXUs are 256×256 again
+    assert max(c.memory_gib for c in CHIPS.values()) == 288 == CHIPS["B300 (HGX)"].memory_gib == CHIPS["MI355X"].memory_gib
+    assert CHIPS["TPU v6e"].peak_tflops["bf16"] == 918 and "256×256" in CHIPS["TPU v6e"].note
+    with pytest.raises(ValueError, match="as_of"):
+        Chip("undated", "GPU", {"bf16": 1}, GiB, 1.0, "none", None, "https://example.invalid")
     for link in LINKS.values():
         assert link.source and link.gbs_per_direction > 0
 
@@ -215,9 +221,9 @@ def test_chip_lookup_and_validation():
     with pytest.raises(ValueError, match="name"):
         chip("H300")
     with pytest.raises(ValueError, match="peak_tflops"):
-        Chip("x", "GPU", {"fp64": 1}, 1, 1, "-", None, "-")
+        Chip("x", "GPU", {"fp64": 1}, 1, 1, "-", None, "-", as_of="-")
     with pytest.raises(ValueError, match="memory_bytes"):
-        Chip("x", "GPU", {"bf16": 1}, 80.5, 1, "-", None, "-")  # bytes are whole
+        Chip("x", "GPU", {"bf16": 1}, 80.5, 1, "-", None, "-", as_of="-")  # bytes are whole
     with pytest.raises(ValueError, match="dtype"):
         H100.peak_flops("fp4")
 
