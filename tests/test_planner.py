@@ -8,6 +8,7 @@ from m11_helpers.planner import (
     DGX_A100,
     MEGATRON_1T,
     MEGATRON_TABLE1,
+    NVL72,
     SELENE,
     comm_per_step,
     evaluate,
@@ -96,6 +97,17 @@ def test_zero1_moves_the_rule():
     assert (seven_b.dp, seven_b.tp, seven_b.pp) == (64, 1, 1)  # without ZeRO-1: (32, 2, 1)
     one_t = megatron_rule(MEGATRON_1T, SELENE, 3072, 3072, zero1=True)
     assert (one_t.dp, one_t.tp, one_t.pp) == (24, 8, 16) and one_t.fits  # PP 16 instead of the published 64
+
+
+def test_a_72_gpu_nvlink_domain_moves_pp_onto_nvlink_and_lets_tp_grow():
+    # GB200 NVL72 (72 GPUs per NVLink 5 domain): the 146B's TP 8 × PP 8 group fits one rack, its pipeline hops
+    # leave the NIC; the memory rule may pick TP beyond 8 where the heads divide (96 heads: TP 24)
+    cfg = MEGATRON_TABLE1[6][0]
+    dgx, rack = ({r["kind"]: r for r in traffic(cfg, c, dp=24, tp=8, pp=8, global_batch=2304)} for c in (SELENE, NVL72))
+    assert rack["PP"]["placed_s"] * 10 < dgx["PP"]["placed_s"] and rack["PP"]["GB"] == dgx["PP"]["GB"]
+    assert NVL72.gpus_per_node == 72 and NVL72.nvlink_gbps == 900
+    plan = megatron_rule(cfg, NVL72, 1536, 2304)
+    assert (plan.tp, plan.pp) == (24, 1) and megatron_rule(cfg, SELENE, 1536, 2304).tp == 8
 
 
 def test_links_follow_megatrons_rank_order_on_the_rails():
