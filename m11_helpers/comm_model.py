@@ -22,8 +22,8 @@ Across nodes (`Fabric`): a node of g GPUs has one or several NICs. NCCL runs one
 nodes·g GPUs crosses the network at rails × the NIC bandwidth (DGX/HGX H100: 8 × 400 Gb/s).
 
 In-network reduction: NVLink SHARP ("NVLS", an NVSwitch that adds, inside one NVLink domain) and InfiniBand
-SHARP (the IB switches add, across nodes) are NCCL's all-reduce offloads (NVIDIA/nccl issue #1031, a
-maintainer's answer; NVIDIA SHARP documentation, Introduction). Each rank then sends its S once and receives
+SHARP (the IB switches add, across nodes) are NCCL's all-reduce offloads (NCCL documentation, environment
+variable NCCL_NVLS_ENABLE; NVIDIA HPC-X documentation, "NCCL-RDMA-SHARP Plugins": NCCL_COLLNET_ENABLE). Each rank then sends its S once and receives
 the sum once, below the ring's 2(n−1)/n·S: Patarasuk & Yuan's bound is for algorithms whose ranks add.
 
 Bus bandwidth follows nccl-tests (NVIDIA, `doc/PERFORMANCE.md`): algbw = S / t, and busbw =
