@@ -29,13 +29,17 @@ from m11_helpers.memory import saved_activation_bytes
 from m11_helpers.op_trace import trace_dispatch
 from m11_helpers.validate import positive_int, positive_real
 
-__all__ = ["A100_SRAM_BYTES", "naive_attention", "online_softmax_update", "tiled_attention", "flash_attention",
+__all__ = ["A100_SRAM_BYTES", "A100_SHARED_MEMORY_BYTES", "naive_attention", "online_softmax_update", "tiled_attention", "flash_attention",
            "attention_matrix_bytes", "max_seq_len_for_budget", "qkvo_bytes", "standard_hbm_elements",
            "flash_hbm_elements", "flash_block_sizes", "saved_bytes_by_method", "sdpa_kernels"]
 
-# On-chip SRAM of one A100 streaming multiprocessor: "192KB per each of 108 streaming multiprocessors"
-# (Dao et al. 2022, §2.1). FlashAttention's M counts elements: A100_SRAM_BYTES // 2 in fp16/bf16.
+# On-chip SRAM of one A100 streaming multiprocessor as the paper counts it: "192KB per each of 108 streaming
+# multiprocessors" (Dao et al. 2022, §2.1). FlashAttention's M counts elements: A100_SRAM_BYTES // 2 in fp16/bf16.
 A100_SRAM_BYTES = 192 * 1024
+# 192 KB is the combined L1 + shared memory; a kernel can use at most 164 KB of it as shared memory ("The NVIDIA
+# A100 GPU supports shared memory capacity of 0, 8, 16, 32, 64, 100, 132 or 164 KB per SM": NVIDIA, Tuning CUDA
+# Applications for the NVIDIA Ampere GPU Architecture, §1.4.2.3, read 2026-12).
+A100_SHARED_MEMORY_BYTES = 164 * 1024
 
 
 def _check_qkv(q, k, v, block_q=1, block_k=1):

@@ -11,15 +11,17 @@ default on GPUs). Memory comes from the course's one helper per quantity: model 
 `model_states` (layout "fp32", "autocast" or "fsdp2-mp", ZeRO-3 sharding for FSDP2), activations from
 `activations.activation_bytes` (Korthikanti et al. 2022, §4, generalised to the Llama shape), their peak
 in backward with recomputation (+ one rebuilt layer). "Fits" compares bytes with the chip's HBM in
-bytes (80 GiB for an "80 GB" H100). Time is a model, not a measurement: 6Ψ FLOPs per token (8Ψ with
-recomputation) at a fraction of the datasheet peak, communication at NVLink's per-direction rate, the
-two overlapped. Lesson 11.
+bytes (80 GiB for an "80 GB" H100). Time is a model, not a measurement: the hardware FLOPs per token of
+`compute_budget` (6Ψ + 12·L·H·Q·T, attention included; + one forward with recomputation) at an assumed HFU
+of the datasheet peak, communication at NVLink's per-direction rate, the two overlapped; the MFU follows.
+Lesson 11.
 """
 
 from __future__ import annotations
 
 from m11_helpers.activations import activation_bytes, activation_ratio
 from m11_helpers.comm_model import bus_factor
+from m11_helpers.compute_budget import hardware_flops_per_token, model_flops_per_token
 from m11_helpers.config import TINY_GPT, TransformerConfig, param_count
 from m11_helpers.hardware_specs import chip
 from m11_helpers.model_states import gradient_bytes, model_state_bytes
@@ -28,21 +30,29 @@ from m11_helpers.validate import fraction, one_of, positive_int, positive_real
 __all__ = ["step_seconds", "predict_gpu_run", "LEVER_CONFIGS", "lever_rows", "lever_table"]
 
 
-def step_seconds(num_params: float, tokens: float, flops_per_s: float, *, mfu: float = 0.4, comm_bytes: float = 0.0,
-                 bandwidth: float = 1.0, checkpointing: bool = False, overlap: bool = True) -> dict:
-    """Compute 6Ψ·tokens (8Ψ with full recomputation: one more forward) / (peak·MFU) (Kaplan et al. 2020, §2.1;
-    Korthikanti et al. 2022, §4.3); communication bytes/bandwidth; overlapped: max of the two, else their sum."""
-    fraction("mfu", mfu)
+def step_seconds(model: float | TransformerConfig, tokens: float, flops_per_s: float, *, hfu: float = 0.4,
+                 comm_bytes: float = 0.0, bandwidth: float = 1.0, checkpointing: bool = False,
+                 overlap: bool = True) -> dict:
+    """Compute = hardware FLOPs per token (6N + 12·L·H·Q·T, + a forward with full recomputation) × tokens / (peak ·
+    HFU) (PaLM, App. B; Korthikanti et al. 2022, §4.3); communication bytes/bandwidth; overlapped: max, else sum.
+
+    The utilisation the chips sustain is an HFU: recomputation adds FLOPs at the same rate, so it lowers the MFU
+    ("mfu" in the result: model FLOPs over the time at peak) and not the HFU. A number as `model` is N, no attention.
+    """
+    fraction("hfu", hfu)
     positive_real("flops_per_s", flops_per_s)
     positive_real("bandwidth", bandwidth)
-    compute = (8 if checkpointing else 6) * num_params * tokens / (flops_per_s * mfu)
+    hardware = hardware_flops_per_token(model, recompute="full" if checkpointing else "none") * tokens
+    compute = hardware / (flops_per_s * hfu)
     comm = comm_bytes / bandwidth
-    return {"compute": compute, "comm": comm, "step": max(compute, comm) if overlap else compute + comm}
+    step = max(compute, comm) if overlap else compute + comm
+    return {"compute": compute, "comm": comm, "step": step,
+            "mfu": model_flops_per_token(model) * tokens / (step * flops_per_s)}
 
 
 def predict_gpu_run(cfg: TransformerConfig, gpus: int = 8, *, parallel: str = "fsdp2", bf16: bool = True,
                     ac: bool = False, flash: bool = False, micro_batch: int = 1, accum: int = 1,
-                    gpu: str = "H100 SXM", mfu: float = 0.4) -> dict:
+                    gpu: str = "H100 SXM", hfu: float = 0.4) -> dict:
     """Per-GPU bytes and step seconds for `cfg` trained by the reference script on one node of `gpus` GPUs.
 
     Model states: model_state_bytes(Ψ, layout, gpus, 3 if FSDP2 else 0). Activations: one micro-batch,
@@ -67,11 +77,12 @@ def predict_gpu_run(cfg: TransformerConfig, gpus: int = 8, *, parallel: str = "f
     else:
         comm_bytes = bus_factor("all_reduce", n) * gradient_bytes(psi, layout)
     tokens = micro_batch * accum * cfg.seq_len  # per GPU and step
-    t = step_seconds(psi, tokens, spec.peak_flops("bf16" if bf16 else "tf32"), mfu=mfu, comm_bytes=comm_bytes,
+    t = step_seconds(cfg, tokens, spec.peak_flops("bf16" if bf16 else "tf32"), hfu=hfu, comm_bytes=comm_bytes,
                      bandwidth=spec.interconnect_gbs / 2 * 1e9, checkpointing=ac)
     return {"states": states, "activations": acts, "kept": a["total"], "total": states + acts,
             "fits": states + acts <= spec.memory_bytes, "memory": spec.memory_bytes, "comm_bytes": comm_bytes,
-            "compute_s": t["compute"], "comm_s": t["comm"], "step_s": t["step"], "tokens_per_s": n * tokens / t["step"]}
+            "compute_s": t["compute"], "comm_s": t["comm"], "step_s": t["step"], "tokens_per_s": n * tokens / t["step"],
+            "mfu": t["mfu"]}
 
 
 # The configurations of the lesson's plan table: each adds or swaps one lever.
@@ -109,7 +120,7 @@ def lever_table() -> list[dict]:
          "source": "Goyal et al. 2017; lesson 07"},
         {"lever": "activation recomputation", "bottleneck": "memory",
          "saves": "activations → each layer's input (+ one layer rebuilt in backward)",
-         "costs": "one more forward: 8Ψ instead of 6Ψ FLOPs per token (+33 %)",
+         "costs": "one more forward: 8Ψ + 16·L·h·s instead of 6Ψ + 12·L·h·s FLOPs per token (+33 %)",
          "source": "Chen et al. 2016; Korthikanti et al. 2022, §4.3"},
         {"lever": "flash attention", "bottleneck": "memory, time", "saves": "the a·s² attention scores per layer",
          "costs": "none at training time (recomputes the scores in backward, in SRAM)",

@@ -4,7 +4,7 @@
     daly_interval(120, 3 * 3600) / 60          # 25.5 min  (Daly 2006, higher order)
     simulate_wall_time(10 * 3600, 26.8 * 60, 120, 3 * 3600, trials=2000)   # Monte Carlo check
     best_checkpoint_count(8 * 3600, 120, 3 * 3600)                         # 18 (W/τ_Young = 17.9 segments)
-    spot_cost(100, PRICES["p4d.24xlarge"].usd_per_hour, discount=0.7, preemptions_per_hour=0.1)
+    spot_cost(100, PRICES["p4d.24xlarge"].usd_per_hour, discount=ASSUMED_SPOT_DISCOUNT, preemptions_per_hour=0.1)
 
 All times in seconds. Failures (preemptions) are modelled as a Poisson process with mean time
 between them M (exponential inter-arrival times), as in both papers. Lesson 10. The launch
@@ -22,7 +22,8 @@ from m11_helpers.validate import fraction, non_negative_int, non_negative_real, 
 
 __all__ = ["young_interval", "daly_interval", "expected_wall_time", "simulate_wall_time", "wasted_fraction_curve",
            "segment_time", "wall_time_with_checkpoints", "best_checkpoint_count", "Price", "PRICES",
-           "PRICE_CUT_2025", "failures_per_hour", "spot_cost"]
+           "PRICE_CUT_2025", "ASSUMED_SPOT_DISCOUNT", "SPOT_DISCOUNT_RANGES", "Notice", "NOTICES", "CAPACITY_OPTIONS",
+           "failures_per_hour", "spot_cost"]
 
 
 def young_interval(checkpoint_seconds: float, mtbf_seconds: float) -> float:
@@ -159,13 +160,68 @@ PRICES = {
                           "from launch (Nov 2020) until the June 2025 cut", "aws.amazon.com/ec2/instance-types/p4/"),
     "p5.48xlarge": Price("p5.48xlarge", "8 × H100 80 GB", 98.32, "On-Demand, Linux, us-east-1",
                          "from launch (Jul 2023) until the June 2025 cut", "aws.amazon.com/ec2/instance-types/p5/"),
+    # EC2 Capacity Blocks for ML: a reservation fee paid up front, "updated regularly based on trends in supply
+    # and demand"; the page read said its prices were "scheduled to be updated on January 1, 2025".
+    "p5.48xlarge capacity block": Price("p5.48xlarge", "8 × H100 80 GB", 39.33,
+                                        "Capacity Block for ML, us-east-1 (effective instance hourly rate)",
+                                        "late 2024, until the 2025-01-01 update",
+                                        "aws.amazon.com/ec2/capacityblocks/pricing/"),
+    "p4d.24xlarge capacity block": Price("p4d.24xlarge", "8 × A100 40 GB", 14.75,
+                                         "Capacity Block for ML, us-east-2 (effective instance hourly rate)",
+                                         "late 2024, until the 2025-01-01 update",
+                                         "aws.amazon.com/ec2/capacityblocks/pricing/"),
 }
 # AWS What's New, June 2025, "Announcing up to 45% price reduction for Amazon EC2 NVIDIA GPU-accelerated
 # instances": On-Demand and Savings Plans prices of P4 (P4d, P4de) and P5 (P5, P5en) down by up to 45 %.
+# The per-instance prices after the cut are not in the sources we read: the course prints the range only.
 PRICE_CUT_2025 = {"when": "June 2025", "up_to": 0.45, "instances": "P4d, P4de, P5, P5en",
                   "terms": "On-Demand and Savings Plans",
                   "source": "AWS What's New, June 2025: 'Announcing up to 45% price reduction for Amazon EC2 "
                             "NVIDIA GPU-accelerated instances'"}
+
+# The spot discount the lesson's examples assume: a round figure inside both providers' published ranges,
+# not a quoted price (AWS: Spot "up to 90%" off On-Demand, aws.amazon.com/ec2/spot/pricing; GCP: Spot VMs
+# "60-91%" cheaper, cloud.google.com/spot-vms; both read 2026-12). Real discounts on recent GPUs vary by
+# region and week, and are often far smaller: check the provider's spot price history.
+ASSUMED_SPOT_DISCOUNT = 0.7
+SPOT_DISCOUNT_RANGES = {"AWS Spot": "up to 90 % (aws.amazon.com/ec2/spot/pricing)",
+                        "GCP Spot VMs": "60–91 % (cloud.google.com/spot-vms)"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Notice:
+    """How long a provider warns before it reclaims spare capacity, and how the warning arrives."""
+
+    provider: str
+    offering: str
+    seconds: int
+    delivered_as: str
+    source: str
+    as_of: str
+
+
+NOTICES = [
+    Notice("AWS", "EC2 Spot Instances", 120, "instance metadata (spot/instance-action) and an EventBridge event; "
+           "your agent turns it into SIGTERM", "AWS EC2 User Guide, 'Spot Instance interruption notices'",
+           "carried from the course's 2025 text, not re-read"),
+    Notice("Google Cloud", "Spot VMs", 30, "ACPI G2 soft off: the OS sends SIGTERM to the processes",
+           "Google Cloud Compute Engine docs, 'Spot VMs' (preemption process)",
+           "carried from the course's 2025 text, not re-read"),
+    Notice("Azure", "Spot Virtual Machines", 30, "a Scheduled Events 'Preempt' event (metadata endpoint); "
+           "your agent turns it into SIGTERM",
+           "Azure docs, 'Scheduled Events for Linux VMs': minimum notice per event type, 'Preempt | 30 seconds'",
+           "read 2026-12"),
+]
+
+# Where GPUs for a training run usually come from when on-demand is sold out (each with its source, read 2026-12).
+CAPACITY_OPTIONS = [
+    ("AWS", "EC2 Capacity Blocks for ML", "reserve GPU instances for a future date and a fixed duration, placed "
+     "together in an EC2 UltraCluster; paid up front", "AWS EC2 API Reference, 'CapacityBlock'; "
+     "aws.amazon.com/ec2/capacityblocks/pricing/"),
+    ("Google Cloud", "Dynamic Workload Scheduler, flex-start", "GPUs or TPUs when capacity frees up, for up to "
+     "seven days, with no fixed start time", "GKE docs, 'About flex-start provisioning' (Dynamic Workload "
+     "Scheduler)"),
+]
 
 # Llama 3 (Dubey et al. 2024, §3.3.4, Table 5): 419 unexpected interruptions in a 54-day snapshot on up to
 # 16,384 H100 GPUs (466 in all; 47 were planned maintenance).
@@ -188,7 +244,7 @@ def _run(work: float, rate_per_hour: float, d: float, restart: float, interval: 
     return tau, expected_wall_time(work, tau, d, m, restart)
 
 
-def spot_cost(work_hours: float, on_demand_per_hour: float, discount: float = 0.7,
+def spot_cost(work_hours: float, on_demand_per_hour: float, discount: float = ASSUMED_SPOT_DISCOUNT,
               preemptions_per_hour: float = 0.1, checkpoint_seconds: float = 120.0,
               restart_seconds: float = 300.0, interval_seconds: float | None = None,
               failures_per_hour: float = 0.0) -> dict:

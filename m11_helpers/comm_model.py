@@ -8,6 +8,7 @@ Collective Communication Operations in MPICH", IJHPCA 19(1), §2 "Cost model"; P
 
     ring_allreduce_time(S, n, alpha, beta)   = 2(n-1)·α + 2(n-1)/n · S·β
     tree_allreduce_time(S, n, alpha, beta)   = 2⌈log2 n⌉·(α + S·β)          (binomial reduce + broadcast)
+    in_network_allreduce_time(S, n, α, β)    = 2α + S·β                      (the switch adds: NVLS, SHARP)
     crossover_bytes(n, alpha, beta)          message size where the two are equal
     half_bandwidth_bytes(n, alpha, beta)     the size where the ring reaches half its peak busbw (n·α/β)
 
@@ -19,6 +20,11 @@ bandwidth, which a binomial tree (every step carries the whole message) cannot r
 Across nodes (`Fabric`): a node of g GPUs has one or several NICs. NCCL runs one ring per NIC (a
 *rail*: NIC k of every node on one switch plane), each carrying 1/rails of the data, so a flat ring over
 nodes·g GPUs crosses the network at rails × the NIC bandwidth (DGX/HGX H100: 8 × 400 Gb/s).
+
+In-network reduction: NVLink SHARP ("NVLS", an NVSwitch that adds, inside one NVLink domain) and InfiniBand
+SHARP (the IB switches add, across nodes) are NCCL's all-reduce offloads (NCCL documentation, environment
+variable NCCL_NVLS_ENABLE; NVIDIA HPC-X documentation, "NCCL-RDMA-SHARP Plugins": NCCL_COLLNET_ENABLE). Each rank then sends its S once and receives
+the sum once, below the ring's 2(n−1)/n·S: Patarasuk & Yuan's bound is for algorithms whose ranks add.
 
 Bus bandwidth follows nccl-tests (NVIDIA, `doc/PERFORMANCE.md`): algbw = S / t, and busbw =
 algbw × a factor that makes the number comparable with the link's peak whatever n is.
@@ -33,6 +39,7 @@ from m11_helpers.hardware_specs import IB_400G, NVLINK_H100, Link  # the one Lin
 from m11_helpers.validate import non_negative_real, one_of, positive_int, positive_real
 
 __all__ = ["COLLECTIVES", "bus_factor", "algbw", "busbw", "ring_allreduce_time", "tree_allreduce_time",
+           "in_network_allreduce_time",
            "ring_bytes_sent", "crossover_bytes", "half_bandwidth_bytes", "fit_alpha_beta", "explore",
            "NVLINK_H100", "IB_400G", "Link", "Fabric", "FABRICS", "HGX_H100", "ONE_NIC_H100",
            "cluster_allreduce_time", "inter_node_bytes", "RING_OPS", "ring_collective_time",
@@ -93,6 +100,18 @@ def tree_allreduce_time(nbytes: float, n: int, alpha: float, beta: float) -> flo
     for name, v in (("nbytes", nbytes), ("alpha", alpha), ("beta", beta)):
         non_negative_real(name, v)
     return 2 * math.ceil(math.log2(n)) * (alpha + nbytes * beta)
+
+
+def in_network_allreduce_time(nbytes: float, n: int, alpha: float, beta: float) -> float:
+    """T_switch = 2α + S·β: each rank sends S up once and receives the reduced S once (NVLink SHARP, IB SHARP).
+
+    A model of an ideal switch that adds at line rate: it beats the ring's 2(n-1)/n·S·β on bytes for n > 2
+    and its 2(n-1)·α on latency for n ≥ 2. Patarasuk & Yuan's bound assumes the ranks do the additions.
+    """
+    positive_int("n", n)
+    for name, v in (("nbytes", nbytes), ("alpha", alpha), ("beta", beta)):
+        non_negative_real(name, v)
+    return 2 * alpha + nbytes * beta
 
 
 def crossover_bytes(n: int, alpha: float, beta: float) -> float:

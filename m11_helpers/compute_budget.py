@@ -2,8 +2,19 @@
 (lesson 01).
 
     training_flops(175e9, 300e9)                                  # 3.15e23 (GPT-3)
+    model_flops_per_token(RUNNING_EXAMPLE)                        # 6N + 12·L·H·Q·T = 4.69e10 (+15.9 % for attention)
+    hardware_flops_per_token(RUNNING_EXAMPLE, recompute="full")   # 8N + 16·L·H·Q·T: what the chips actually execute
+    model_flops_utilization(238.3e3, 540.35e9, 6144, 275e12, layers=118, attn_width=48 * 256, seq_len=2048)  # 0.462
     training_days(175e9, 300e9, 1024, 312e12, 140 / 312, flops_per_param_token=8)   # 33.9 (Megatron-LM)
     min_chips(param_count(RUNNING_EXAMPLE), chip("H100 SXM").memory_bytes, "autocast")   # 2
+
+**MFU and HFU, one definition each** (Chowdhery et al. 2022, 'PaLM', Appendix B). Model FLOPs per token
+are 6N + 12·L·H·Q·T: 6N for the matmuls with weights (forward 2N, backward 4N) and 12·L·H·Q·T for the
+attention scores QKᵀ and their use on V (L layers, H·Q the attention width, T tokens of context; PaLM counts
+the full T × T, no causal halving). MFU = model FLOPs/s over peak: recomputation is *not* counted, so it
+compares runs that recompute differently. HFU (hardware FLOPs utilisation) counts what the chips execute:
+full recomputation adds a forward (8N + 16·L·H·Q·T), selective recomputation of attention only adds 4·L·H·Q·T
+(Korthikanti et al. 2022, §5). Megatron-LM's 140 TFLOP/s per A100 is an HFU (Narayanan et al. 2021, §5.1).
 
 Bytes per parameter come from `m11_helpers.model_states` (a layout name, e.g. "autocast" or "megatron":
 16 B either way) or are given as a number (2 for bf16 weights alone). Capacities are bytes: pass
@@ -14,10 +25,12 @@ from __future__ import annotations
 
 import math
 
+from m11_helpers.config import TransformerConfig, param_count
 from m11_helpers.model_states import LAYOUTS, bytes_per_param
-from m11_helpers.validate import fraction, positive_real
+from m11_helpers.validate import fraction, non_negative_int, one_of, positive_real
 
-__all__ = ["SECONDS_PER_DAY", "training_flops", "training_days", "model_flops_utilization", "PUBLISHED_MFU",
+__all__ = ["SECONDS_PER_DAY", "training_flops", "training_days", "model_flops_per_token", "hardware_flops_per_token",
+           "attention_share", "model_flops_utilization", "hardware_flops_utilization", "PUBLISHED_MFU",
            "per_param_bytes", "memory_needed", "max_params", "min_chips"]
 
 SECONDS_PER_DAY = 86_400
@@ -42,13 +55,60 @@ def training_days(params: float, tokens: float, gpus: int, peak_flops: float, mf
     return total / (gpus * peak_flops * mfu) / SECONDS_PER_DAY
 
 
-def model_flops_utilization(tokens_per_second: float, params: float, chips: int, peak_flops: float) -> float:
-    """MFU = 6·N·(tokens/s) / (chips · peak): useful FLOPs over peak, recomputation not counted
-    (Chowdhery et al. 2022, 'PaLM', Appendix B; PaLM 540B reached 46.2 %)."""
-    for name, v in (("tokens_per_second", tokens_per_second), ("params", params), ("chips", chips),
-                    ("peak_flops", peak_flops)):
+RECOMPUTE = ("none", "selective", "full")
+
+
+def _shape(model: float | TransformerConfig, layers: int, attn_width: int, seq_len: int) -> tuple[float, int, int, int]:
+    """(N, L, H·Q, T) from a TransformerConfig, or N and the three given as numbers (0: no attention term)."""
+    if isinstance(model, TransformerConfig):
+        return float(param_count(model)), model.layers, model.heads * model.head_dim, model.seq_len
+    positive_real("params", model)
+    return (float(model), non_negative_int("layers", layers), non_negative_int("attn_width", attn_width),
+            non_negative_int("seq_len", seq_len))
+
+
+def model_flops_per_token(model: float | TransformerConfig, layers: int = 0, attn_width: int = 0,
+                          seq_len: int = 0) -> float:
+    """6N + 12·L·H·Q·T: a training step's model FLOPs per token, attention included (PaLM, Appendix B)."""
+    n, l_, hq, t = _shape(model, layers, attn_width, seq_len)
+    return 6 * n + 12 * l_ * hq * t
+
+
+def hardware_flops_per_token(model: float | TransformerConfig, layers: int = 0, attn_width: int = 0,
+                             seq_len: int = 0, recompute: str = "none") -> float:
+    """Model FLOPs + what recomputation re-runs: full +(2N + 4·L·H·Q·T) (one more forward), selective +4·L·H·Q·T
+    (attention's core only; Korthikanti et al. 2022, §5). Narayanan et al. 2021 (§5.1) count the full case."""
+    one_of("recompute", recompute, RECOMPUTE)
+    n, l_, hq, t = _shape(model, layers, attn_width, seq_len)
+    extra = {"none": 0.0, "selective": 4 * l_ * hq * t, "full": 2 * n + 4 * l_ * hq * t}[recompute]
+    return model_flops_per_token(model, layers, attn_width, seq_len) + extra
+
+
+def attention_share(model: float | TransformerConfig, layers: int = 0, attn_width: int = 0, seq_len: int = 0) -> float:
+    """12·L·H·Q·T / 6N: what 6N leaves out (0.159 for the 7B at 4K tokens)."""
+    n, l_, hq, t = _shape(model, layers, attn_width, seq_len)
+    return 12 * l_ * hq * t / (6 * n)
+
+
+def _rate(tokens_per_second: float, chips: int, peak_flops: float) -> float:
+    for name, v in (("tokens_per_second", tokens_per_second), ("chips", chips), ("peak_flops", peak_flops)):
         positive_real(name, v)
-    return 6 * params * tokens_per_second / (chips * peak_flops)
+    return tokens_per_second / (chips * peak_flops)
+
+
+def model_flops_utilization(tokens_per_second: float, model: float | TransformerConfig, chips: int,
+                            peak_flops: float, *, layers: int = 0, attn_width: int = 0, seq_len: int = 0) -> float:
+    """MFU = (6N + 12·L·H·Q·T)·(tokens/s) / (chips · peak): recomputation not counted (PaLM, Appendix B; PaLM 540B
+    on 6144 TPU v4: 46.2 %). Without layers/attn_width/seq_len (or a config) the attention term is 0: 6N only."""
+    return model_flops_per_token(model, layers, attn_width, seq_len) * _rate(tokens_per_second, chips, peak_flops)
+
+
+def hardware_flops_utilization(tokens_per_second: float, model: float | TransformerConfig, chips: int,
+                               peak_flops: float, *, recompute: str = "none", layers: int = 0, attn_width: int = 0,
+                               seq_len: int = 0) -> float:
+    """HFU = hardware FLOPs per token (recomputation counted) · (tokens/s) / (chips · peak) (PaLM, Appendix B)."""
+    return (hardware_flops_per_token(model, layers, attn_width, seq_len, recompute)
+            * _rate(tokens_per_second, chips, peak_flops))
 
 
 # What whole training runs reach, as published: (run, low, high, what is counted, source).

@@ -223,7 +223,7 @@ def all_to_all_bytes(tokens: int, hidden: int, top_k: int, world: int, dtype_byt
     return 4 * top_k * tokens * hidden * dtype_bytes * (world - 1) / world
 
 
-def dp_all_reduce_bytes(expert_params: int, world: int, layout: str = "megatron") -> float:
+def dp_all_reduce_bytes(expert_params: int, world: int, layout: str = "deepspeed") -> float:
     """Bytes one rank sends to all-reduce the experts' gradients if they were replicated (plain DP): a ring all-reduce
     (`comm_model.ring_bytes_sent`, 2(N−1)/N·G) of G = `model_states.gradient_bytes` in `layout`'s reduce dtype."""
     positive_int("world", world)

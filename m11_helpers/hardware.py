@@ -27,9 +27,11 @@ from pathlib import Path
 
 from m11_helpers.compute_budget import (  # noqa: F401 - re-exported: the lesson's one import
     PUBLISHED_MFU,
+    hardware_flops_utilization,
     max_params,
     memory_needed,
     min_chips,
+    model_flops_per_token,
     model_flops_utilization,
     training_days,
     training_flops,
@@ -55,7 +57,7 @@ __all__ = [
     # re-exported formulas
     "matmul_flops", "matmul_bytes", "matmul_intensity", "arithmetic_intensity", "ridge_point", "attainable_flops",
     "bound", "roofline_point", "plot_roofline", "training_flops", "training_days", "model_flops_utilization",
-    "PUBLISHED_MFU", "memory_needed", "max_params", "min_chips",
+    "model_flops_per_token", "hardware_flops_utilization", "PUBLISHED_MFU", "memory_needed", "max_params", "min_chips",
 ]
 
 TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -222,7 +224,7 @@ def measured_chip(name: str, peak_tflops: dict, bandwidth_bytes: float, memory_b
         except ImportError:
             memory_bytes = 2**30
     return Chip(name, "CPU", dict(peak_tflops), int(memory_bytes), bandwidth_bytes / 1e12, "none (one host)", None,
-                "measured in this notebook")
+                "measured in this notebook", as_of="this run")
 
 
 def device_choices(measured: Chip | None = None) -> dict[str, Chip]:

@@ -5,6 +5,9 @@ Every figure is the vendor's *dense* peak (no 2:4 structured sparsity). Where a 
 the sparse figure (NVIDIA marks these "with sparsity"), the row stores half of it and says so in its
 `note`. "fp32" is the plain (non-tensor-core) FP32 rate; "tf32" is FP32 inputs rounded to TF32 on the
 tensor cores. Interconnect bandwidths are per chip, both directions added (NVIDIA's convention for NVLink).
+Every row carries `as_of`, the date of its source (or the month it was read), and `cite` prints both:
+spec tables change with each generation, so a lesson shows the date with the figure. A figure we could
+not source is left out (MI355X's dense peaks), never filled in.
 
 Units. Rates are decimal: TB/s = 1e12 bytes/s, TFLOP/s = 1e12 FLOP/s, as the datasheets mean them.
 **HBM capacity is binary**: HBM stacks are built from power-of-two DRAM dies, so the "80 GB" of an
@@ -42,6 +45,7 @@ class Chip:
     interconnect_gbs: float | None  # per chip, both directions, 1e9 bytes/s (None: not published per chip)
     source: str  # where the figures come from: document title and URL
     note: str = ""
+    as_of: str = ""  # when the source said so (its date, or the month it was read): spec sheets change
 
     def __post_init__(self) -> None:
         unknown = set(self.peak_tflops) - set(DTYPE_BYTES)
@@ -49,6 +53,8 @@ class Chip:
             raise ValueError(f"peak_tflops has unknown dtypes {sorted(unknown)}; allowed: {sorted(DTYPE_BYTES)}")
         positive_int(f"{self.name}: memory_bytes", self.memory_bytes)
         positive_real(f"{self.name}: bandwidth_tbs", self.bandwidth_tbs)
+        if not self.as_of:
+            raise ValueError(f"{self.name}: as_of must name the date of its source (figures age)")
 
     def peak_flops(self, dtype: str = "bf16") -> float:
         """Dense peak in FLOP/s for `dtype`; ValueError if the sheet gives no figure for it."""
@@ -72,6 +78,11 @@ class Chip:
         return self.memory_bytes / GiB
 
     @property
+    def cite(self) -> str:
+        """'<source> (as of <date>)': what a lesson prints next to a figure of this row."""
+        return f"{self.source} (as of {self.as_of})"
+
+    @property
     def memory_text(self) -> str:
         """'80 GiB = 85.9 GB': the capacity in both units, binary first (as the datasheet's figure)."""
         return f"{self.memory_gib:g} GiB = {self.memory_gb:.1f} GB"
@@ -85,54 +96,82 @@ CHIPS: dict[str, Chip] = {c.name: c for c in [
          80 * GiB, 2.039, "NVLink 3", 600,
          "NVIDIA A100 Tensor Core GPU datasheet (2021), https://www.nvidia.com/content/dam/en-zz/Solutions/"
          "Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf",
-         "dense figures as printed; sparsity doubles the tensor-core rates"),
+         "dense figures as printed; sparsity doubles the tensor-core rates",
+         as_of="datasheet r4, 2021"),
     Chip("H100 SXM", "GPU",
          {"fp32": 67, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4, "fp8": 1978.9, "int8": 1978.9},
          80 * GiB, 3.35, "NVLink 4", 900,
          "NVIDIA H100 Tensor Core GPU datasheet, https://resources.nvidia.com/en-us-tensor-core/"
          "nvidia-tensor-core-gpu-datasheet; dense rates: NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022)",
-         _NV_SPARSE),
+         _NV_SPARSE,
+         as_of="datasheet and whitepaper, 2022"),
     Chip("H200 SXM", "GPU",
          {"fp32": 67, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4, "fp8": 1978.9, "int8": 1978.9},
          141 * GiB, 4.8, "NVLink 4", 900,
          "NVIDIA H200 Tensor Core GPU datasheet (2024), https://www.nvidia.com/en-us/data-center/h200/",
-         _NV_SPARSE + "; same compute as H100, more and faster HBM3e"),
+         _NV_SPARSE + "; same compute as H100, more and faster HBM3e",
+         as_of="datasheet 2024"),
     Chip("B200 (HGX)", "GPU",
          {"fp32": 75, "tf32": 1125, "bf16": 2250, "fp16": 2250, "fp8": 4500, "int8": 4500},
          180 * GiB, 8.0, "NVLink 5", 1800,
          "NVIDIA HGX B200 specifications (8-GPU board), https://www.nvidia.com/en-us/data-center/hgx/",
-         "board figures ÷ 8 GPUs; " + _NV_SPARSE),
+         "board figures ÷ 8 GPUs; " + _NV_SPARSE,
+         as_of="HGX page, 2024"),
     Chip("TPU v4", "TPU", {"bf16": 275, "int8": 275},
          32 * GiB, 1.2, "ICI, 3D torus, 4096-chip pods", None,
          "Google Cloud TPU v4 documentation, https://cloud.google.com/tpu/docs/v4; Jouppi et al., "
          "'TPU v4: An Optically Reconfigurable Supercomputer for Machine Learning', ISCA 2023",
-         "32 GiB HBM2; the docs give pod figures only (all-reduce 1.1 PB/s per 4096-chip pod)"),
+         "32 GiB HBM2; the docs give pod figures only (all-reduce 1.1 PB/s per 4096-chip pod)",
+         as_of="docs and ISCA paper, 2023"),
     Chip("TPU v5e", "TPU", {"bf16": 197, "int8": 394},
          16 * GiB, 0.819, "ICI, 2D torus, 256-chip pods", 400,
-         "Google Cloud TPU v5e documentation, https://cloud.google.com/tpu/docs/v5e"),
+         "Google Cloud TPU v5e documentation, https://cloud.google.com/tpu/docs/v5e",
+         as_of="docs read 2026-12"),
     Chip("TPU v5p", "TPU", {"bf16": 459, "fp8": 459, "int8": 918},
          95 * GiB, 2.765, "ICI, 3D torus, 8960-chip pods", 1200,
-         "Google Cloud TPU v5p documentation, https://cloud.google.com/tpu/docs/v5p"),
+         "Google Cloud TPU v5p documentation, https://cloud.google.com/tpu/docs/v5p",
+         as_of="docs read 2026-12"),
     Chip("MI300X", "GPU",
          {"fp32": 163.4, "tf32": 653.7, "bf16": 1307.4, "fp16": 1307.4, "fp8": 2614.9, "int8": 2614.9},
          192 * GiB, 5.3, "Infinity Fabric, 7 links × 128 GB/s", 896,
          "AMD Instinct MI300X data sheet (2023), https://www.amd.com/content/dam/amd/en/documents/"
-         "instinct-tech-docs/data-sheets/amd-instinct-mi300x-data-sheet.pdf"),
+         "instinct-tech-docs/data-sheets/amd-instinct-mi300x-data-sheet.pdf",
+         as_of="data sheet 2023"),
     Chip("Gaudi2", "ASIC", {"bf16": 432, "fp8": 865},
          96 * GiB, 2.46, "24 × 100 GbE RoCE on chip", 600,
          "Habana Gaudi2 white paper (2022), https://habana.ai/products/gaudi2/; BF16/FP8 matrix rates: "
          "Intel Gaudi 3 AI Accelerator white paper (2024), comparison table",
-         "2.4 Tb/s each way = 300 GB/s, 600 GB/s both directions"),
+         "2.4 Tb/s each way = 300 GB/s, 600 GB/s both directions",
+         as_of="white papers 2022 and 2024"),
     Chip("Trainium", "ASIC", {"fp32": 47.5, "tf32": 190, "bf16": 190, "fp16": 190, "fp8": 190, "int8": 380},
          32 * GiB, 0.82, "NeuronLink-v2", None,
          "AWS Neuron documentation, Trainium architecture, https://awsdocs-neuron.readthedocs-hosted.com/"
          "en/latest/general/arch/neuron-hardware/trainium.html",
-         "32 GiB per chip (Trn1); link bandwidth not published per chip there"),
+         "32 GiB per chip (Trn1); link bandwidth not published per chip there",
+         as_of="Neuron docs, Trn1 (2022)"),
     Chip("Trainium2", "ASIC", {"fp32": 181, "tf32": 667, "bf16": 667, "fp16": 667, "fp8": 1299},
          96 * GiB, 2.9, "NeuronLink-v3", None,
          "AWS Neuron documentation, Trainium2 architecture, https://awsdocs-neuron.readthedocs-hosted.com/"
          "en/latest/about-neuron/arch/neuron-hardware/trainium2.html",
-         "96 GiB per chip"),
+         "96 GiB per chip",
+         as_of="Neuron docs, Trn2 (2024)"),
+    Chip("B300 (HGX)", "GPU", {"fp32": 75, "tf32": 1125, "bf16": 2250, "fp16": 2250, "fp8": 4500},
+         288 * GiB, 8.0, "NVLink 5", 1800,
+         "NVIDIA HGX B300 specification table (8 GPUs: FP16/BF16 36 PFLOPS and FP8 72 PFLOPS with sparsity, "
+         "2.3 TB HBM3e, 1.8 TB/s NVLink per GPU) as reproduced by acecloud.ai ('NVIDIA HGX B300: Specs', Feb 2026) "
+         "and fibermall.com; NVIDIA's page: https://www.nvidia.com/en-us/data-center/hgx/",
+         "board figures ÷ 8 GPUs; " + _NV_SPARSE + "; 288 GB of HBM3e per GPU, up to 8 TB/s; not checked "
+         "against an NVIDIA datasheet", as_of="read 2026-12"),
+    Chip("MI355X", "GPU", {}, 288 * GiB, 8.0, "Infinity Fabric (4th gen)", None,
+         "AMD ROCm documentation, GPU specifications (MI355X: 288 GiB VRAM), https://rocm.docs.amd.com/en/latest/"
+         "reference/gpu-specs.html; 8 TB/s: The Register, 2025-06-12, 'AMD's MI355X is a 1.4 kW liquid-cooled "
+         "monster', reporting AMD's launch figures",
+         "dense matrix peaks not in the sources we read: none stored (a figure we cannot cite is left out)",
+         as_of="read 2026-12"),
+    Chip("TPU v6e", "TPU", {"bf16": 918, "int8": 1836},
+         32 * GiB, 1.638, "ICI, 2D torus, 256-chip pods", 800,
+         "Google Cloud TPU v6e (Trillium) documentation, https://docs.cloud.google.com/tpu/docs/v6e",
+         "one TensorCore per chip with two 256×256 MXUs (v2–v5: 128×128)", as_of="docs read 2026-12"),
 ]}
 
 
@@ -149,6 +188,7 @@ class Link:
     gbs_per_direction: float  # 1e9 bytes/s, one direction
     source: str
     alpha_us: float = 5.0  # per-message latency, µs: an assumed figure of the order NCCL reaches
+    as_of: str = "standard or datasheet as cited"  # link rates are fixed by a standard or a product generation
 
     def __post_init__(self) -> None:
         positive_real(f"{self.name}: gbs_per_direction (the bandwidth)", self.gbs_per_direction)

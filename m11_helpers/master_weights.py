@@ -6,8 +6,9 @@
 Micikevicius et al. 2018, "Mixed Precision Training", §3.1: an update smaller than half the spacing
 of 16-bit numbers near a weight rounds away, so the optimizer updates an fp32 master copy. Two
 layouts have one (`m11_helpers.model_states` owns their bytes): `torch.amp.autocast` keeps the
-parameters themselves in fp32; Megatron-LM and DeepSpeed keep 16-bit parameters and gradients next
-to a separate fp32 copy (Rajbhandari et al. 2020, "ZeRO", §3.1: 2Ψ + 2Ψ + 12Ψ).
+parameters themselves in fp32; DeepSpeed keeps 16-bit parameters and gradients next to a separate
+fp32 copy (Rajbhandari et al. 2020, "ZeRO", §3.1: 2Ψ + 2Ψ + 12Ψ); Megatron-LM keeps 16-bit parameters
+and a separate fp32 copy too, with fp32 main gradients (model_states "megatron", 18 B/param).
 """
 
 from __future__ import annotations

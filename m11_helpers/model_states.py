@@ -2,13 +2,15 @@
 
     bytes_per_param("autocast")      # {'weights': 4, 'grads': 4, 'master': 0, 'optimizer': 8, 'total': 16}
     model_state_bytes(7_500_000_000, "deepspeed", world_size=64, zero_stage=1)["total"]   # 31.4e9 (ZeRO Fig. 1)
+    model_state_bytes(psi, "megatron", world_size=d, zero_stage=1)["total"]  # (6 + 12/d)·Ψ (Megatron Core)
     gradient_bytes(param_count(RUNNING_EXAMPLE), "autocast")   # 27.0e9: what one DDP step all-reduces
 
 "Mixed precision" names several layouts that cost the same 16 B/param in different places, and they
 communicate different bytes: torch.amp autocast keeps fp32 parameters *and fp32 gradients* (DDP
-all-reduces 4 B/param), Megatron-LM and DeepSpeed keep 16-bit parameters and gradients next to an
-fp32 master copy (ZeRO §3.1: 2Ψ + 2Ψ + 12Ψ), FSDP2's MixedPrecisionPolicy keeps fp32 shards and gathers
-bf16 copies. Each `Layout` says which framework uses it and where that is documented. Adam's two
+all-reduces 4 B/param), DeepSpeed keeps 16-bit parameters and gradients next to an fp32 master
+copy (ZeRO §3.1: 2Ψ + 2Ψ + 12Ψ = 16), Megatron-LM's bf16 keeps bf16 parameters with fp32 main gradients
+(Megatron Core's table: 18 B/param, 6 + 12/d with its distributed optimizer), FSDP2's
+MixedPrecisionPolicy keeps fp32 shards and gathers bf16 copies. Each `Layout` says which framework uses it and where that is documented. Adam's two
 moments are fp32 in every layout but "pure-bf16". Activations are not model states: see
 `m11_helpers.activations`. AdamW's `step` counter (one 4-byte scalar per parameter *tensor*) is left out.
 """
@@ -19,7 +21,7 @@ import dataclasses
 
 from m11_helpers.validate import one_of, positive_int
 
-__all__ = ["Layout", "LAYOUTS", "PARTS", "ZERO_STAGES", "as_layout", "bytes_per_param", "model_state_bytes",
+__all__ = ["Layout", "LAYOUTS", "MEGATRON_CORE_TABLE", "PARTS", "ZERO_STAGES", "as_layout", "bytes_per_param", "model_state_bytes",
            "gradient_bytes"]
 
 PARTS = ("weights", "grads", "master", "optimizer")
@@ -48,6 +50,13 @@ class Layout:
 
 
 _ZERO = "Rajbhandari et al. 2020 (ZeRO), §3.1: 2Ψ + 2Ψ + KΨ, K = 12"
+# Megatron Core developer guide, "Distributed Optimizer" (docs.nvidia.com/megatron-core/developer-guide/latest/
+# api-guide/dist_optimizer.html, read 2026-12): bytes/param, non-distributed | distributed over d ranks:
+# fp16 params + fp16 grads 20 | 4 + 16/d; bf16 params + fp32 grads 18 | 6 + 12/d; fp32 params + fp32 grads 16 | 8 + 8/d.
+_MCORE = ("Megatron Core developer guide, Distributed Optimizer (read 2026-12): 'bf16 parameters, fp32 gradients: "
+          "18; 6 + 12/d'")
+MEGATRON_CORE_TABLE = {  # (param dtype, main-grad dtype): (bytes non-distributed, (a, b) for a + b/d distributed)
+    ("fp16", "fp16"): (20, (4, 16)), ("bf16", "fp32"): (18, (6, 12)), ("fp32", "fp32"): (16, (8, 8))}
 
 LAYOUTS: dict[str, Layout] = {lay.name: lay for lay in (
     Layout("fp32", 4, 4, 0, 8, 4, "plain PyTorch fp32 training with torch.optim.AdamW",
@@ -62,21 +71,16 @@ LAYOUTS: dict[str, Layout] = {lay.name: lay for lay in (
            "PyTorch DDP communication hooks docs: default_hooks.bf16_compress_hook",
            "same states as 'autocast'; the hook casts each fp32 gradient bucket to bf16 for the all-reduce "
            "and back: half the bytes on the wire", forward_copies=2, title="autocast + DDP bf16_compress_hook"),
-    Layout("megatron", 2, 2, 4, 8, 2, "Megatron-LM with --bf16 --grad-reduce-in-bf16 (16-bit grads)", _ZERO,
-           "the ZeRO paper's 16 B/param; NOT Megatron-LM's bf16 default, which accumulates and all-reduces "
-           "gradients in fp32 (megatron/training/arguments.py: 'bfloat16 requires gradient accumulation and "
-           "all-reduce to be done in fp32'): see 'megatron-fp32-grads'. Megatron's optimizer also makes an fp32 "
-           "copy of the 16-bit gradient for the step (its table counts 20 B for fp16 params + fp16 grads)",
-           title="ZeRO paper / Megatron 16-bit grads (bf16 params and grads, fp32 master)"),
-    Layout("megatron-fp32-grads", 2, 4, 4, 8, 4, "Megatron-LM --bf16 (the default: accumulate_allreduce_grads_"
-           "in_fp32); NeMo's bf16-mixed (grad_reduce_in_fp32=True)",
-           "Megatron Core docs, Distributed Optimizer: 'bf16 parameters, fp32 gradients: 18' (6 + 12/d distributed)",
-           "fp32 main gradients (4 B) accumulated across micro-batches and reduced in fp32: 18 B/param",
-           title="Megatron-LM bf16 default (fp32 main grads)"),
+    Layout("megatron", 2, 4, 4, 8, 4, "Megatron-LM / Megatron Core --bf16 (the default: accumulate_allreduce_grads_"
+           "in_fp32); NeMo's bf16-mixed (grad_reduce_in_fp32=True)", _MCORE,
+           "bf16 parameters, fp32 main gradients (4 B) accumulated across micro-batches and reduced in fp32, fp32 "
+           "main parameters and Adam: 18 B/param, 6 + 12/d with the distributed optimizer (ZeRO-1). Megatron's table "
+           "has no 16 B row: fp16 params with fp16 grads cost 20 (its optimizer copies the grads to fp32)",
+           title="Megatron-LM bf16 (bf16 params, fp32 main grads, fp32 master)"),
     Layout("deepspeed", 2, 2, 4, 8, 2, "DeepSpeed ZeRO with bf16 or fp16 enabled", _ZERO,
            "gradients are reduced in the model's 16-bit dtype unless communication_data_type is set "
            "(deepspeed/runtime/engine.py, communication_data_type); bf16 with data_types.grad_accum_dtype='fp32' "
-           "at ZeRO stage 1 switches to DeepSpeed's BF16_Optimizer, which keeps fp32 gradients (the 18 B layout)",
+           "at ZeRO stage 1 switches to DeepSpeed's BF16_Optimizer, which keeps fp32 gradients (the 18 B of 'megatron')",
            title="DeepSpeed bf16 (bf16 params and grads, fp32 master)"),
     Layout("fsdp2-mp", 4, 4, 0, 8, 4, "FSDP2 fully_shard with MixedPrecisionPolicy(param_dtype=bf16, "
            "reduce_dtype=fp32)", "PyTorch FSDP2 docs: fully_shard, MixedPrecisionPolicy",

@@ -8,7 +8,7 @@ The rule of thumb is Narayanan et al. 2021 (Megatron-LM, §3, Takeaways #1–#2)
 to the GPUs of one node (it needs NVLink: 4 all-reduces per layer per micro-batch), then pipeline
 parallelism across nodes until the model fits (point-to-point, small), then data parallelism for
 the rest. Memory comes from the course's one owner of each figure: model states from
-`m11_helpers.model_states` (default layout "megatron": ZeRO §3.1's 16 B/param), activations from
+`m11_helpers.model_states` (default layout "megatron": 18 B/param, Megatron Core's table), activations from
 `m11_helpers.activations` (Korthikanti et al. 2022, §4, generalised). Estimates, not measurements: a
 plan "fits" when it uses at most HEADROOM (80 %) of a GPU's memory, leaving room for buffers and
 fragmentation. Links: lesson 02's rail model (`comm_model.Fabric`, one ring per NIC), through `placement_link`.
@@ -29,8 +29,8 @@ from m11_helpers.validate import one_of, positive_int
 
 GB = 1e9
 HEADROOM = 0.8  # plan to fill 80 % of a GPU's memory: the rest goes to buffers, workspace, fragmentation (an assumption)
-# ZeRO §3.1's 16 B/param (bf16 weights + grads, fp32 master + Adam), an assumption for Megatron-LM's 2021 runs;
-# Megatron-LM's bf16 default keeps fp32 gradients (18 B, model_states "megatron-fp32-grads"): pass layout= to compare.
+# Megatron-LM's bf16 layout (model_states "megatron": bf16 weights, fp32 main grads, fp32 master + Adam, 18 B/param,
+# Megatron Core's distributed-optimizer table); pass layout="deepspeed" for the ZeRO paper's 16 B.
 LAYOUT = "megatron"
 
 
@@ -66,6 +66,15 @@ DGX_A100 = Fabric("DGX A100, one 200 Gb/s HDR NIC per GPU (8 rails)", 8, LINKS["
 # An "80 GB" A100 carries 80 GiB of HBM2e, 85.9 GB (HBM capacities are binary: the datasheet's "GB" is GiB,
 # hardware_specs.Chip.memory_bytes); 312 TFLOP/s bf16 dense.
 SELENE = Cluster("DGX A100 80GB (Selene)", _A100.memory_gb, DGX_A100, _A100.peak_tflops["bf16"])
+# A 72-GPU scale-up domain: GB200 NVL72 joins 72 Blackwell GPUs on NVLink 5 at 1.8 TB/s per GPU (NVIDIA's
+# GB200 NVL72 figures as reproduced by aiwiki.ai and datacrunch.io, read 2026-12). Per-GPU memory and peak are
+# the HGX B200 row's (GB200's own per-GPU HBM differs by source: not used); one 400 Gb/s NIC per GPU is an
+# assumption (as HGX H100), not a sourced figure.
+_B200 = chip("B200 (HGX)")
+NVL72_RACK = Fabric("GB200 NVL72: 72 GPUs on one NVLink 5 domain, one 400 Gb/s NIC per GPU (assumed)", 72,
+                    LINKS["NVLink 5 (B200)"], LINKS["InfiniBand NDR (1 port)"], 72,
+                    "NVIDIA GB200 NVL72 (72 GPUs, 1.8 TB/s NVLink per GPU), as reproduced by aiwiki.ai, read 2026-12")
+NVL72 = Cluster("GB200 NVL72 racks (B200-class GPUs)", _B200.memory_gb, NVL72_RACK, _B200.peak_tflops["bf16"])
 
 
 def placement_link(fabric: Fabric, size: int, stride: int = 1, p2p: bool = False) -> Link:

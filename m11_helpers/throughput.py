@@ -2,10 +2,11 @@
 
     peak, source = device_peak(torch.device("cuda:0"), "bf16")   # 989.4e12, 'H100 SXM datasheet (dense bf16) ...'
     peak, source = device_peak(torch.device("cpu"), "fp32")      # measured: no datasheet peak for a CPU
-    step_throughput(tokens=16 * 32, seconds=0.05, num_params=p, world_size=4, peak_flops=peak)
+    step_throughput(tokens=16 * 32, seconds=0.05, model=TINY_GPT, world_size=4, peak_flops=peak, recompute="full")
 
-MFU = 6·N·(tokens/s) / (chips · peak): `hardware.model_flops_utilization` (Lesson 01; Chowdhery et al.
-2022, PaLM, App. B), imported here, not re-derived. The peak is a GPU's dense datasheet figure from
+MFU = (6N + 12·L·H·Q·T)·(tokens/s) / (chips · peak), attention included, recomputation not counted; HFU counts
+what recomputation re-runs: `compute_budget.model_flops_utilization` / `hardware_flops_utilization` (Lesson 01;
+Chowdhery et al. 2022, PaLM, App. B), imported here, not re-derived. The peak is a GPU's dense datasheet figure from
 lesson 01's table (`hardware_specs.CHIPS`) for the dtype the matmuls run in. A CPU has no datasheet
 figure in that table, so the peak is *measured*: the median FLOP/s of an n×n matmul on this process's
 threads (`hardware.measure_matmul`), and the label says so — an MFU against a measured matmul rate is
@@ -16,7 +17,9 @@ from __future__ import annotations
 
 import torch
 
-from m11_helpers.hardware import measure_matmul, model_flops_utilization
+from m11_helpers.compute_budget import hardware_flops_utilization, model_flops_utilization
+from m11_helpers.config import TransformerConfig
+from m11_helpers.hardware import measure_matmul
 from m11_helpers.hardware_specs import CHIPS
 from m11_helpers.validate import one_of, positive_int, positive_real
 
@@ -59,8 +62,11 @@ def device_peak(device: torch.device, dtype: str = "bf16", *, matmul_n: int = 51
     return measure_matmul(matmul_n, measured, device=device), label
 
 
-def step_throughput(tokens: int, seconds: float, num_params: int, world_size: int, peak_flops: float) -> dict:
-    """{"tokens_per_s": tokens/seconds, "mfu": 6·N·(tokens/s) / (world_size · peak)} for one optimizer step."""
+def step_throughput(tokens: int, seconds: float, model: int | TransformerConfig, world_size: int, peak_flops: float,
+                    recompute: str = "none") -> dict:
+    """{"tokens_per_s", "mfu", "hfu"} of one optimizer step: model FLOPs (a config: attention included) and hardware
+    FLOPs (+ what `recompute` re-runs) per token × tokens/s over world_size · peak (PaLM, App. B)."""
     positive_int("tokens", tokens)
     tps = tokens / positive_real("seconds", seconds)
-    return {"tokens_per_s": tps, "mfu": model_flops_utilization(tps, num_params, world_size, peak_flops)}
+    return {"tokens_per_s": tps, "mfu": model_flops_utilization(tps, model, world_size, peak_flops),
+            "hfu": hardware_flops_utilization(tps, model, world_size, peak_flops, recompute=recompute)}

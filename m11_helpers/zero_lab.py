@@ -21,9 +21,10 @@ from m11_helpers.zero import OFFLOADS, STAGES, memory_breakdown, min_gpus
 __all__ = ["lab_rows", "lab_figure", "lab_summary", "memory_lab", "GPU_MEMORY_GIB", "DEFAULT_GPU"]
 
 DEFAULT_GPU = chip("H100 SXM")  # the course's GPU: 80 GiB of HBM
-# the slider's capacities: consumer and 40 GB parts, then every GPU in hardware_specs (datasheet labels are
-# GiB: "80 GB" = 80 GiB)
-GPU_MEMORY_GIB = tuple(sorted({16, 24, 40} | {round(c.memory_gib) for c in CHIPS.values() if c.kind == "GPU"}))
+# the slider's capacities: consumer cards (up to the RTX 5090's 32 GB of GDDR7, 2025: NVIDIA's launch specs as
+# printed in reviews, e.g. Linux Format, May 2025) and 40 GB parts, then every GPU in hardware_specs (datasheet
+# labels are GiB: "80 GB" = 80 GiB)
+GPU_MEMORY_GIB = tuple(sorted({16, 24, 32, 40} | {round(c.memory_gib) for c in CHIPS.values() if c.kind == "GPU"}))
 PARTS = [("parameters", "#4C72B0"), ("gradients", "#DD8452"), ("optimizer", "#55A868"), ("activations", "#C44E52")]
 LABELS = {"parameters": "parameters", "gradients": "gradients", "optimizer": "optimizer state",
           "activations": "activations"}

@@ -116,17 +116,20 @@ def test_gpu_plan_for_the_running_example():
     auto = predict_gpu_run(RUNNING_EXAMPLE, 8, parallel="ddp")
     assert auto["activations"] == activation_bytes(RUNNING_EXAMPLE, 1, autocast=True)["total"]
     assert fsdp["memory"] == 80 * 2**30  # an "80 GB" H100 holds 80 GiB
-    t = step_seconds(1e9, 1000, 1e12, mfu=0.5)
-    assert t["compute"] == pytest.approx(6 * 1e9 * 1000 / 0.5e12)
-    assert step_seconds(1e9, 1000, 1e12, mfu=0.5, checkpointing=True)["compute"] == pytest.approx(4 / 3 * t["compute"])
+    t = step_seconds(1e9, 1000, 1e12, hfu=0.5)
+    assert t["compute"] == pytest.approx(6 * 1e9 * 1000 / 0.5e12) and t["mfu"] == pytest.approx(0.5)
+    ac = step_seconds(1e9, 1000, 1e12, hfu=0.5, checkpointing=True)  # one more forward at the same HFU
+    assert ac["compute"] == pytest.approx(4 / 3 * t["compute"]) and ac["mfu"] == pytest.approx(0.5 * 3 / 4)
+    seven = step_seconds(RUNNING_EXAMPLE, 4096, 1e15, hfu=0.4)  # attention's 12·L·h·s: +15.9 % for the 7B at 4K
+    assert seven["compute"] == pytest.approx(1.159 * 6 * psi * 4096 / 0.4e15, rel=1e-3)
     rows = lever_rows(RUNNING_EXAMPLE)
     assert [r["config"] for r in rows] == list(LEVER_CONFIGS)
     assert [r["fits"] for r in rows] == [False, False, False, True, True, True]  # bf16 params: 55 GB fits 80 GiB
     assert {"lever", "bottleneck", "saves", "costs", "source"} == set(lever_table()[0])
     with pytest.raises(ValueError, match="parallel"):
         predict_gpu_run(RUNNING_EXAMPLE, 8, parallel="zero9")
-    with pytest.raises(ValueError, match="mfu"):
-        step_seconds(1e9, 1e3, 1e15, mfu=0)
+    with pytest.raises(ValueError, match="hfu"):
+        step_seconds(1e9, 1e3, 1e15, hfu=0)
 
 
 def test_step_equals_one_process_and_the_script(tmp_path):

@@ -5,6 +5,7 @@ import math
 import numpy as np
 import pytest
 
+from m11_helpers import cloud
 from m11_helpers.cloud import (
     PRICE_CUT_2025,
     PRICES,
@@ -101,6 +102,10 @@ def test_llama3_failure_rate_and_dated_prices():
     for price in PRICES.values():
         assert price.usd_per_hour > 0 and price.source and "20" in price.valid  # every price says when it held
     assert PRICE_CUT_2025["up_to"] == 0.45 and "2025" in PRICE_CUT_2025["when"]
+    # every notice time has a source and a date; Azure's Preempt event comes 30 s ahead (Scheduled Events docs)
+    assert {n.provider: n.seconds for n in cloud.NOTICES} == {"AWS": 120, "Google Cloud": 30, "Azure": 30}
+    assert all(n.source and n.as_of for n in cloud.NOTICES) and all(len(o) == 4 for o in cloud.CAPACITY_OPTIONS)
+    assert cloud.ASSUMED_SPOT_DISCOUNT == 0.7 and len(cloud.SPOT_DISCOUNT_RANGES) == 2  # an assumption, labelled
 
 
 def test_wall_time_with_n_checkpoints_is_what_the_monte_carlo_simulates():

@@ -51,6 +51,12 @@ def test_ring_sends_2_n_minus_1_over_n_and_latency_grows_with_n():
 def test_tree_and_crossover_agree():
     alpha, beta = 5e-6, 1 / 50e9
     assert cm.tree_allreduce_time(1e6, 8, alpha, beta) == pytest.approx(6 * (alpha + 1e6 * beta))
+    # a switch that adds (NVLS, SHARP): S up and S down once; below the ring for n > 2, a tie on bytes at n = 2
+    assert cm.in_network_allreduce_time(1e6, 8, alpha, beta) == pytest.approx(2 * alpha + 1e6 * beta)
+    assert cm.in_network_allreduce_time(1e9, 2, 0, beta) == pytest.approx(cm.ring_allreduce_time(1e9, 2, 0, beta))
+    for n in (4, 8, 72):
+        assert cm.in_network_allreduce_time(1e9, n, alpha, beta) < cm.ring_allreduce_time(1e9, n, alpha, beta)
+        assert cm.in_network_allreduce_time(0, n, alpha, beta) < cm.ring_allreduce_time(0, n, alpha, beta)
     for n in (4, 8, 16, 64):
         s = cm.crossover_bytes(n, alpha, beta)
         assert s > 0
@@ -79,7 +85,7 @@ def test_seven_b_gradient_on_nvlink_is_tens_of_milliseconds():
     from m11_helpers.model_states import gradient_bytes
 
     psi = param_count(RUNNING_EXAMPLE)
-    S = gradient_bytes(psi, "megatron")  # bf16 gradients (ZeRO §3.1 layout)
+    S = gradient_bytes(psi, "deepspeed")  # bf16 gradients (ZeRO §3.1 layout)
     assert S == 2 * psi and gradient_bytes(psi, "autocast") == 4 * psi  # torch.amp reduces fp32 gradients
     t = cm.ring_allreduce_time(S, 8, cm.NVLINK_H100.alpha, cm.NVLINK_H100.beta)
     assert t == pytest.approx(2 * 7 / 8 * S / 450e9, rel=1e-3) and 0.05 < t < 0.06

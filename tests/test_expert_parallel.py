@@ -108,8 +108,8 @@ def test_capacity_route_and_aux_loss():
 
 def test_byte_formulas():
     assert all_to_all_bytes(4096, 4096, 2, 8, 2) == pytest.approx(4 * 2 * 4096 * 4096 * 2 * 7 / 8)
-    assert dp_all_reduce_bytes(10**6, 4) == pytest.approx(3e6)  # bf16 gradients ("megatron"): 2·(3/4)·2 MB
-    assert dp_all_reduce_bytes(10**6, 4, layout="megatron-fp32-grads") == pytest.approx(6e6)  # fp32 gradients
+    assert dp_all_reduce_bytes(10**6, 4) == pytest.approx(3e6)  # bf16 gradients ("deepspeed"): 2·(3/4)·2 MB
+    assert dp_all_reduce_bytes(10**6, 4, layout="megatron") == pytest.approx(6e6)  # Megatron's fp32 main grads
     assert all_to_all_bytes(10, 8, 1, 1) == 0
 
 

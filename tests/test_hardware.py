@@ -11,9 +11,13 @@ import pytest
 from m11_helpers import hardware
 from m11_helpers.compute_budget import (
     PUBLISHED_MFU,
+    attention_share,
+    hardware_flops_per_token,
+    hardware_flops_utilization,
     max_params,
     memory_needed,
     min_chips,
+    model_flops_per_token,
     model_flops_utilization,
     per_param_bytes,
     training_days,
@@ -70,11 +74,26 @@ def test_training_days_scales_inversely_with_gpus_and_mfu():
     assert training_days(7e9, 1e12, 64, 989.4e12, 0.2) == pytest.approx(base * 2)
 
 
-def test_mfu_palm_definition():
-    # a cluster exactly at 6·N·tps = chips·peak·mfu gives back that mfu
-    n, chips, peak = 540e9, 6144, 275e12
-    tps = 0.462 * chips * peak / (6 * n)
-    assert model_flops_utilization(tps, n, chips, peak) == pytest.approx(0.462)
+def test_mfu_and_hfu_against_palm_and_megatron():
+    # PaLM Appendix B: 540.35B params, L 118, H 48, Q 256, T 2048, 238.3K tokens/s on 6144 TPU v4 (275 TFLOP/s)
+    palm = dict(layers=118, attn_width=48 * 256, seq_len=2048)
+    assert model_flops_utilization(238.3e3, 540.35e9, 6144, 275e12, **palm) == pytest.approx(0.462, abs=5e-4)
+    assert model_flops_utilization(238.3e3, 540.35e9, 6144, 275e12) == pytest.approx(0.457, abs=5e-4)  # 6N only
+    assert hardware_flops_utilization(238.3e3, 540.35e9, 6144, 275e12, **palm) == \
+        model_flops_utilization(238.3e3, 540.35e9, 6144, 275e12, **palm)  # nothing recomputed: HFU = MFU
+    # Narayanan et al. 2021, §5.1: with full recomputation F = 96·B·s·l·h²·(1 + s/6h + V/(16·l·h)) per step
+    l_, h, s, v = 96, 12288, 2048, 51200  # GPT-3 175B
+    n = 12 * l_ * h * h * (1 + 13 / (12 * h)) + (v + s) * h  # Table 1's parameter count
+    megatron = 96 * l_ * h * h * (1 + s / (6 * h) + v / (16 * l_ * h))
+    ours = hardware_flops_per_token(n, l_, h, s, recompute="full")
+    assert ours == pytest.approx(megatron, rel=2e-3)  # they do not recompute the logits: 6Vh, not 8Vh
+    assert ours / model_flops_per_token(n, l_, h, s) == pytest.approx(4 / 3)
+    assert hardware_flops_per_token(n, l_, h, s, "selective") - model_flops_per_token(n, l_, h, s) == 4 * l_ * h * s
+    # the running example at 4K: attention adds 12·L·h·s = 15.9 % to 6N
+    assert attention_share(RUNNING_EXAMPLE) == pytest.approx(0.159, abs=5e-4)
+    assert model_flops_per_token(RUNNING_EXAMPLE) == pytest.approx(6 * param_count(RUNNING_EXAMPLE) * 1.159, rel=1e-3)
+    with pytest.raises(ValueError, match="recompute"):
+        hardware_flops_per_token(RUNNING_EXAMPLE, recompute="some")
 
 
 @pytest.mark.parametrize("bad", [dict(mfu=0), dict(mfu=1.5), dict(gpus=0), dict(peak_flops=-1)])
@@ -100,7 +119,8 @@ def test_h100_holds_21b_params_in_fp32_and_5_4b_in_training():
     assert max_params(H100.memory_bytes, 4) == 21_474_836_480
     assert max_params(H100.memory_bytes, "autocast") == 5_368_709_120
     assert max_params(80e9, "autocast") == 5_000_000_000
-    assert per_param_bytes("megatron") == per_param_bytes("autocast") == 16  # ZeRO §3.1 vs torch.amp: both 16
+    assert per_param_bytes("deepspeed") == per_param_bytes("autocast") == 16  # ZeRO §3.1 vs torch.amp: both 16
+    assert per_param_bytes("megatron") == 18  # Megatron Core: bf16 params, fp32 main grads
 
 
 def test_running_example_fits_for_inference_not_training():
@@ -172,8 +192,14 @@ def test_table_has_the_issue_rows_each_with_a_source():
         assert name in CHIPS
     for c in CHIPS.values():
         assert "http" in c.source or "ISCA" in c.source, c.name
-        assert "bf16" in c.peak_tflops, c.name
+        assert "bf16" in c.peak_tflops or "not in the sources" in c.note, c.name  # never a made-up peak
         assert set(c.peak_tflops) <= set(DTYPE_BYTES)
+        assert c.as_of and c.cite.endswith(f"(as of {c.as_of})"), c.name
+    # 2026 rows: Blackwell Ultra and MI355X carry 288 GiB, the most per chip; v6e's MXUs are 256×256 again
+    assert max(c.memory_gib for c in CHIPS.values()) == 288 == CHIPS["B300 (HGX)"].memory_gib == CHIPS["MI355X"].memory_gib
+    assert CHIPS["TPU v6e"].peak_tflops["bf16"] == 918 and "256×256" in CHIPS["TPU v6e"].note
+    with pytest.raises(ValueError, match="as_of"):
+        Chip("undated", "GPU", {"bf16": 1}, GiB, 1.0, "none", None, "https://example.invalid")
     for link in LINKS.values():
         assert link.source and link.gbs_per_direction > 0
 
@@ -195,9 +221,9 @@ def test_chip_lookup_and_validation():
     with pytest.raises(ValueError, match="name"):
         chip("H300")
     with pytest.raises(ValueError, match="peak_tflops"):
-        Chip("x", "GPU", {"fp64": 1}, 1, 1, "-", None, "-")
+        Chip("x", "GPU", {"fp64": 1}, 1, 1, "-", None, "-", as_of="-")
     with pytest.raises(ValueError, match="memory_bytes"):
-        Chip("x", "GPU", {"bf16": 1}, 80.5, 1, "-", None, "-")  # bytes are whole
+        Chip("x", "GPU", {"bf16": 1}, 80.5, 1, "-", None, "-", as_of="-")  # bytes are whole
     with pytest.raises(ValueError, match="dtype"):
         H100.peak_flops("fp4")
 

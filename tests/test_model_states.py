@@ -7,25 +7,44 @@ from torch import nn
 from m11_helpers.config import RUNNING_EXAMPLE, TINY_GPT, param_count
 from m11_helpers.data import tokens
 from m11_helpers.launch import launch
-from m11_helpers.model_states import LAYOUTS, Layout, as_layout, bytes_per_param, gradient_bytes, model_state_bytes
+from m11_helpers.model_states import (
+    LAYOUTS,
+    MEGATRON_CORE_TABLE,
+    Layout,
+    as_layout,
+    bytes_per_param,
+    gradient_bytes,
+    model_state_bytes,
+)
 from m11_helpers.models import tiny_gpt
 
 PSI_7B = param_count(RUNNING_EXAMPLE)
 
 
-@pytest.mark.parametrize("name", ["megatron", "deepspeed"])
-def test_zero_paper_figure_1(name):
+def test_zero_paper_figure_1():
     # Rajbhandari et al. 2020, Fig. 1: Ψ = 7.5B, N_d = 64, K = 12 → 120, 31.4, 16.6, 1.9 GB per GPU
-    got = [model_state_bytes(7_500_000_000, name, world_size=64, zero_stage=s)["total"] for s in range(4)]
+    got = [model_state_bytes(7_500_000_000, "deepspeed", world_size=64, zero_stage=s)["total"] for s in range(4)]
     assert got == [120_000_000_000, 31_406_250_000, 16_640_625_000, 1_875_000_000]
     assert [round(g / 1e9, 1) for g in got] == [120.0, 31.4, 16.6, 1.9]
 
 
+@pytest.mark.parametrize("d", [1, 8, 64])
+def test_megatron_core_distributed_optimizer_table(d):
+    # Megatron Core docs, Distributed Optimizer: bf16 params + fp32 grads 18 | 6 + 12/d; fp32 16 | 8 + 8/d
+    psi = 64 * 1000
+    for layout, key in (("megatron", ("bf16", "fp32")), ("fp32", ("fp32", "fp32"))):
+        whole, (a, b) = MEGATRON_CORE_TABLE[key]
+        assert bytes_per_param(layout)["total"] == whole
+        assert model_state_bytes(psi, layout, world_size=d, zero_stage=1)["total"] == a * psi + b * psi // d
+    assert gradient_bytes(psi, "megatron") == 4 * psi  # fp32 main gradients are what is reduced
+
+
 def test_documented_totals_and_parts():
     totals = {name: bytes_per_param(name)["total"] for name in LAYOUTS}
-    assert totals == {"fp32": 16, "autocast": 16, "autocast+bf16-hook": 16, "megatron": 16,
-                      "megatron-fp32-grads": 18, "deepspeed": 16, "fsdp2-mp": 16, "pure-bf16": 8}
-    assert bytes_per_param("megatron") == {"weights": 2, "grads": 2, "master": 4, "optimizer": 8, "total": 16}
+    assert totals == {"fp32": 16, "autocast": 16, "autocast+bf16-hook": 16, "megatron": 18, "deepspeed": 16,
+                      "fsdp2-mp": 16, "pure-bf16": 8}
+    assert bytes_per_param("deepspeed") == {"weights": 2, "grads": 2, "master": 4, "optimizer": 8, "total": 16}
+    assert bytes_per_param("megatron") == {"weights": 2, "grads": 4, "master": 4, "optimizer": 8, "total": 18}
     assert bytes_per_param("autocast") == {"weights": 4, "grads": 4, "master": 0, "optimizer": 8, "total": 16}
     for lay in LAYOUTS.values():
         assert lay.framework and lay.source and lay.title and lay.grad_reduce_bytes in (2, 4)
@@ -36,11 +55,11 @@ def test_documented_totals_and_parts():
 def test_zero_stages_shard_the_right_parts_with_padding():
     # ZeRO §5.1: P_os shards optimizer (+ master), P_os+g also grads, P_os+g+p also weights; ⌈Ψ/N⌉ per rank
     psi, n = 10, 3
-    s1 = model_state_bytes(psi, "megatron", n, 1)
+    s1 = model_state_bytes(psi, "deepspeed", n, 1)
     assert s1 == {"weights": 20, "grads": 20, "master": 16, "optimizer": 32, "total": 88}
-    s2 = model_state_bytes(psi, "megatron", n, 2)
+    s2 = model_state_bytes(psi, "deepspeed", n, 2)
     assert (s2["grads"], s2["weights"]) == (8, 20)
-    s3 = model_state_bytes(psi, "megatron", n, 3)
+    s3 = model_state_bytes(psi, "deepspeed", n, 3)
     assert s3["total"] == 16 * 4
     assert model_state_bytes(psi, "fsdp2-mp", n, 3)["total"] == 16 * 4  # FSDP2: fp32 shards + grads + Adam
     big = model_state_bytes(PSI_7B, "deepspeed", 8, 1)["total"]
@@ -52,7 +71,7 @@ def test_gradient_bytes_autocast_vs_bf16():
     assert gradient_bytes(PSI_7B, "autocast") == 4 * PSI_7B
     assert round(gradient_bytes(PSI_7B, "autocast") / 1e9, 1) == 27.0
     assert round(gradient_bytes(PSI_7B, "autocast+bf16-hook") / 1e9, 1) == 13.5
-    assert gradient_bytes(PSI_7B, "megatron-fp32-grads") == gradient_bytes(PSI_7B, "fsdp2-mp") == 4 * PSI_7B
+    assert gradient_bytes(PSI_7B, "megatron") == gradient_bytes(PSI_7B, "fsdp2-mp") == 4 * PSI_7B
 
 
 def _one_adamw_step(model: nn.Module, autocast: bool) -> torch.optim.AdamW:

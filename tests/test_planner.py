@@ -8,6 +8,7 @@ from m11_helpers.planner import (
     DGX_A100,
     MEGATRON_1T,
     MEGATRON_TABLE1,
+    NVL72,
     SELENE,
     comm_per_step,
     evaluate,
@@ -42,7 +43,8 @@ def test_rule_reproduces_tp8_pp64_for_1t():
 def test_rule_matches_table1_where_memory_decides():
     got = {cfg.name: (r.tp, r.pp) for cfg, _, _, g, b in MEGATRON_TABLE1 if (r := megatron_rule(cfg, SELENE, g, b))}
     for name, expected in [("GPT 1.7B", (1, 1)), ("GPT 18.4B", (8, 1)), ("GPT 39.1B", (8, 2)),
-                           ("GPT 76.1B", (8, 4)), ("GPT 145.6B", (8, 8))]:
+                           ("GPT 76.1B", (8, 4)), ("GPT 145.6B", (8, 8)), ("GPT 529.6B", (8, 35)),
+                           ("GPT 1008.0B", (8, 64))]:
         assert got[name] == expected
 
 
@@ -62,8 +64,8 @@ def test_memory_comes_from_the_kit_and_equals_the_shared_figures():
     assert first_stage_params(RUNNING_EXAMPLE, 1) == param_count(RUNNING_EXAMPLE)
     assert first_stage_params(RUNNING_EXAMPLE, 4) < param_count(RUNNING_EXAMPLE) / 3  # 8 of 32 layers + embedding
     assert SELENE.memory_gb == pytest.approx(80 * 2**30 / 1e9)  # an "80 GB" A100 holds 80 GiB
-    fp32_grads = memory_per_gpu(RUNNING_EXAMPLE, tp=1, pp=1, layout="megatron-fp32-grads")  # Megatron's bf16 default
-    assert fp32_grads["states"] == pytest.approx(mem["states"] * 18 / 16)
+    bf16_grads = memory_per_gpu(RUNNING_EXAMPLE, tp=1, pp=1, layout="deepspeed")  # the ZeRO paper's 16 B
+    assert mem["states"] == pytest.approx(bf16_grads["states"] * 18 / 16)  # Megatron's fp32 main grads: 18 B
     with pytest.raises(ValueError, match="layout"):
         memory_per_gpu(RUNNING_EXAMPLE, tp=1, pp=1, layout="fp8")
 
@@ -87,13 +89,25 @@ def test_plan_3d_is_sorted_and_consistent():
 
 
 def test_zero1_moves_the_rule():
-    # ZeRO-1 shards master + Adam (12 B/param) over dp: 4 + 12/dp bytes per parameter (exercise 4.4 derives it)
+    # ZeRO-1 shards master + Adam (12 B/param) over dp: 6 + 12/dp bytes per parameter, Megatron Core's
+    # distributed-optimizer row for bf16 params with fp32 grads (exercise 4.4 derives it)
     z, n = memory_per_gpu(RUNNING_EXAMPLE, tp=1, pp=1, dp=64, zero1=True), param_count(RUNNING_EXAMPLE)
-    assert z["states"] * 1e9 == pytest.approx(4 * n + 12 * -(-n // 64))
+    assert z["states"] * 1e9 == pytest.approx(6 * n + 12 * -(-n // 64))
     seven_b = megatron_rule(RUNNING_EXAMPLE, SELENE, 64, 512, zero1=True)
     assert (seven_b.dp, seven_b.tp, seven_b.pp) == (64, 1, 1)  # without ZeRO-1: (32, 2, 1)
     one_t = megatron_rule(MEGATRON_1T, SELENE, 3072, 3072, zero1=True)
     assert (one_t.dp, one_t.tp, one_t.pp) == (24, 8, 16) and one_t.fits  # PP 16 instead of the published 64
+
+
+def test_a_72_gpu_nvlink_domain_moves_pp_onto_nvlink_and_lets_tp_grow():
+    # GB200 NVL72 (72 GPUs per NVLink 5 domain): the 146B's TP 8 × PP 8 group fits one rack, its pipeline hops
+    # leave the NIC; the memory rule may pick TP beyond 8 where the heads divide (96 heads: TP 24)
+    cfg = MEGATRON_TABLE1[6][0]
+    dgx, rack = ({r["kind"]: r for r in traffic(cfg, c, dp=24, tp=8, pp=8, global_batch=2304)} for c in (SELENE, NVL72))
+    assert rack["PP"]["placed_s"] * 10 < dgx["PP"]["placed_s"] and rack["PP"]["GB"] == dgx["PP"]["GB"]
+    assert NVL72.gpus_per_node == 72 and NVL72.nvlink_gbps == 900
+    plan = megatron_rule(cfg, NVL72, 1536, 2304)
+    assert (plan.tp, plan.pp) == (24, 1) and megatron_rule(cfg, SELENE, 1536, 2304).tp == 8
 
 
 def test_links_follow_megatrons_rank_order_on_the_rails():

@@ -23,7 +23,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from m11_helpers.config import TINY_GPT
+from m11_helpers.config import TINY_GPT, param_count
 from m11_helpers.data import tokens
 from m11_helpers.fault_tolerance import batch_indices
 from m11_helpers.fsdp import TrafficCounter
@@ -229,8 +229,11 @@ def test_throughput_and_peak_labels():
     assert chip_for("NVIDIA A100-SXM4-80GB") == "A100 SXM 80GB" and chip_for("Tesla T4") is None
     peak, source = device_peak(torch.device("cpu"), "fp32", matmul_n=64)
     assert peak > 0 and source.startswith("no datasheet peak for this CPU: measured")
-    t = step_throughput(tokens=512, seconds=0.5, num_params=1000, world_size=2, peak_flops=1e9)
-    assert t["tokens_per_s"] == 1024 and t["mfu"] == pytest.approx(6 * 1000 * 1024 / 2e9)
+    t = step_throughput(tokens=512, seconds=0.5, model=1000, world_size=2, peak_flops=1e9)
+    assert t["tokens_per_s"] == 1024 and t["mfu"] == t["hfu"] == pytest.approx(6 * 1000 * 1024 / 2e9)
+    g = step_throughput(512, 0.5, TINY_GPT, 2, 1e9, recompute="full")  # a config: attention counted, 8N with --ac
+    n, attn = param_count(TINY_GPT), 12 * TINY_GPT.layers * TINY_GPT.hidden * TINY_GPT.seq_len
+    assert g["mfu"] == pytest.approx((6 * n + attn) * 1024 / 2e9) and g["hfu"] == pytest.approx(g["mfu"] * 4 / 3)
     with pytest.raises(ValueError, match="dtype"):
         device_peak(torch.device("cpu"), "fp8")
 

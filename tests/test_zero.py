@@ -34,7 +34,7 @@ def test_paper_figure_1_example_7_5b_on_64_gpus():
 def test_breakdown_parts_come_from_model_states():
     m = memory_breakdown(1e9, 8, 2)
     assert (m.parameters, m.gradients, m.optimizer) == (2e9, 2e9 / 8, 12e9 / 8)
-    for layout in ("deepspeed", "autocast", "megatron-fp32-grads"):
+    for layout in ("deepspeed", "autocast", "megatron"):
         for stage in range(4):
             parts = model_state_bytes(10**9 + 1, layout, 8, stage)  # Ψ % N != 0: shards of ⌈Ψ/N⌉
             m = memory_breakdown(10**9 + 1, 8, stage, layout=layout)

@@ -7,7 +7,7 @@ from m11_helpers.quantities import GB
 from m11_helpers.quiz import Question
 
 _P = param_count(RUNNING_EXAMPLE)
-_SENT = {layout: cm.ring_bytes_sent(gradient_bytes(_P, layout), 8) / GB for layout in ("autocast", "megatron")}
+_SENT = {layout: cm.ring_bytes_sent(gradient_bytes(_P, layout), 8) / GB for layout in ("autocast", "deepspeed")}
 _FP32 = gradient_bytes(_P, "autocast")
 _ONE = cm.cluster_allreduce_time(_FP32, 2, cm.ONE_NIC_H100)
 _RAILS = cm.cluster_allreduce_time(_FP32, 2, cm.HGX_H100)
@@ -27,10 +27,10 @@ QUESTIONS = [
              transfer=True),
     Question("DDP trains the 7B under torch.amp autocast on 8 GPUs. You register a bf16 compression comm hook. "
              "What happens to the bytes each rank sends per step (ring all-reduce)?",
-             [f"{_SENT['autocast']:.1f} GB → {_SENT['megatron']:.1f} GB",
-              f"{_SENT['megatron']:.1f} GB → {_SENT['megatron']:.1f} GB: autocast already makes the gradients bf16",
+             [f"{_SENT['autocast']:.1f} GB → {_SENT['deepspeed']:.1f} GB",
+              f"{_SENT['deepspeed']:.1f} GB → {_SENT['deepspeed']:.1f} GB: autocast already makes the gradients bf16",
               f"{_FP32 / GB:.1f} GB → {_FP32 / 2 / GB:.1f} GB",
-              f"{_SENT['autocast']:.1f} GB → {_SENT['megatron'] / 2:.1f} GB"], 0,
+              f"{_SENT['autocast']:.1f} GB → {_SENT['deepspeed'] / 2:.1f} GB"], 0,
              ["Right: autocast keeps fp32 parameters, so .grad is fp32 (4 B/param); the hook sends bf16 (2 B). "
               "A ring sends 2(N−1)/N = 1.75× the gradient bytes per rank.",
               "autocast runs matmuls in bf16 but the parameters, and so their gradients, stay fp32.",

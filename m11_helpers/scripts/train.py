@@ -47,7 +47,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.checkpoint import checkpoint
 
-from m11_helpers.config import TINY_GPT, param_count
+from m11_helpers.config import TINY_GPT
 from m11_helpers.data import tokens
 from m11_helpers.fault_tolerance import PreemptionNotice, batch_indices
 from m11_helpers.launch import report
@@ -184,7 +184,7 @@ def main(argv=None, observer=None) -> dict:
         torch.manual_seed(args.seed + 1000 * progress["step"] + rank)  # no saved RNG maps to a new layout
     progress["skipped"] += [r for r in parse_batches(args.skip_batches) if r not in progress["skipped"]]
     peak, peak_source = device_peak(device, "bf16" if args.bf16 else "fp32")
-    num_params, T = param_count(TINY_GPT), TINY_GPT.seq_len
+    T = TINY_GPT.seq_len  # MFU counts TINY_GPT's attention at this context (compute_budget, PaLM App. B)
     if rank == 0:
         print(f"{args.parallel} on {world} × {device.type}, restart {restarts}; "
               + (f"resumed from {resumed['path']} (saved on {resumed['saved_world_size']} ranks)" if resumed
@@ -252,7 +252,7 @@ def main(argv=None, observer=None) -> dict:
         guard.accept(loss)
         progress.update(step=step + 1, cursor=batch + 1)
         seconds = time.perf_counter() - t0
-        rate = step_throughput(args.batch * T, seconds, num_params, world, peak)
+        rate = step_throughput(args.batch * T, seconds, TINY_GPT, world, peak, "full" if args.ac else "none")
         record = {"step": step, "batch": batch, "loss": loss, "grad_norm": grad_norm, "lr": lr, "seconds": seconds,
                   **rate}
         history.append(record)

@@ -383,7 +383,7 @@ def stage0_gb(cfg, tp: int, pp: int, dp: int) -> float:
         embedding = cfg.vocab_size * cfg.hidden + (cfg.seq_len * cfg.hidden if cfg.learned_positions else 0)
         params = -(-cfg.layers // pp) * layer + embedding  # ⌈L/p⌉ layers + the input embedding
     mine = -(-params // tp)  # Megatron splits every matrix (the vocabulary too) over the tp ranks
-    states = (2 + 2) * mine + 12 * -(-mine // dp)  # bf16 weights + grads whole; fp32 master + Adam sharded over dp
+    states = (2 + 4) * mine + 12 * -(-mine // dp)  # bf16 weights + fp32 main grads whole; fp32 master + Adam over dp
     return (states + first_stage_activation_bytes(cfg, tp, pp)) / 1e9
 
 
@@ -417,7 +417,7 @@ def stage0_gb(cfg, tp: int, pp: int, dp: int) -> float:
         embedding = cfg.vocab_size * cfg.hidden + (cfg.seq_len * cfg.hidden if cfg.learned_positions else 0)
         params = -(-cfg.layers // pp) * layer + embedding  # ⌈L/p⌉ layers + the input embedding
     mine = -(-params // tp)  # Megatron splits every matrix (the vocabulary too) over the tp ranks
-    states = (2 + 2) * mine + 12 * -(-mine // dp)  # bf16 weights + grads whole; fp32 master + Adam sharded over dp
+    states = (2 + 4) * mine + 12 * -(-mine // dp)  # bf16 weights + fp32 main grads whole; fp32 master + Adam over dp
     return (states + first_stage_activation_bytes(cfg, tp, pp)) / 1e9
 
 
@@ -451,7 +451,7 @@ def stage0_gb(cfg, tp: int, pp: int, dp: int) -> float:
         embedding = cfg.vocab_size * cfg.hidden + (cfg.seq_len * cfg.hidden if cfg.learned_positions else 0)
         params = -(-cfg.layers // pp) * layer + embedding  # ⌈L/p⌉ layers + the input embedding
     mine = -(-params // tp)  # Megatron splits every matrix (the vocabulary too) over the tp ranks
-    states = (2 + 2) * mine + 12 * -(-mine // dp)  # bf16 weights + grads whole; fp32 master + Adam sharded over dp
+    states = (2 + 4) * mine + 12 * -(-mine // dp)  # bf16 weights + fp32 main grads whole; fp32 master + Adam over dp
     return (states + first_stage_activation_bytes(cfg, tp, pp)) / 1e9
 
 
@@ -469,7 +469,7 @@ def choose_3d(cfg, cluster, gpus: int, global_batch: int):
                 best = ((tp * pp, -tp), (dp, tp, pp))
     return None if best is None else best[1]
 
-# %% 4.4 | ZeRO-1 that shards all 16 B/param over dp (ZeRO-3's memory) | expect: stay whole
+# %% 4.4 | ZeRO-1 that shards all 18 B/param over dp (ZeRO-3's memory) | expect: stay whole
 import dataclasses
 
 from m11_helpers.config import param_count
@@ -485,7 +485,7 @@ def stage0_gb(cfg, tp: int, pp: int, dp: int) -> float:
         embedding = cfg.vocab_size * cfg.hidden + (cfg.seq_len * cfg.hidden if cfg.learned_positions else 0)
         params = -(-cfg.layers // pp) * layer + embedding  # ⌈L/p⌉ layers + the input embedding
     mine = -(-params // tp)  # Megatron splits every matrix (the vocabulary too) over the tp ranks
-    states = 16 * -(-mine // dp)  # bf16 weights + grads whole; fp32 master + Adam sharded over dp
+    states = 18 * -(-mine // dp)  # bf16 weights + fp32 main grads whole; fp32 master + Adam over dp
     return (states + first_stage_activation_bytes(cfg, tp, pp)) / 1e9
 
 
@@ -503,7 +503,7 @@ def choose_3d(cfg, cluster, gpus: int, global_batch: int):
                 best = ((tp * pp, -tp), (dp, tp, pp))
     return None if best is None else best[1]
 
-# %% 4.4 | no ZeRO: 16 B/param on every replica (the lesson's planner) | expect: 2 + 2 + 12/dp
+# %% 4.4 | no ZeRO: 18 B/param on every replica (the lesson's planner) | expect: 2 + 4 + 12/dp
 import dataclasses
 
 from m11_helpers.config import param_count
@@ -519,7 +519,7 @@ def stage0_gb(cfg, tp: int, pp: int, dp: int) -> float:
         embedding = cfg.vocab_size * cfg.hidden + (cfg.seq_len * cfg.hidden if cfg.learned_positions else 0)
         params = -(-cfg.layers // pp) * layer + embedding  # ⌈L/p⌉ layers + the input embedding
     mine = -(-params // tp)  # Megatron splits every matrix (the vocabulary too) over the tp ranks
-    states = 16 * mine  # bf16 weights + grads whole; fp32 master + Adam sharded over dp
+    states = 18 * mine  # bf16 weights + fp32 main grads whole; fp32 master + Adam over dp
     return (states + first_stage_activation_bytes(cfg, tp, pp)) / 1e9
 
 
@@ -552,7 +552,7 @@ def stage0_gb(cfg, tp: int, pp: int, dp: int) -> float:
         layer = param_count(dataclasses.replace(cfg, layers=2)) - param_count(dataclasses.replace(cfg, layers=1))
         params = -(-cfg.layers // pp) * layer  # ⌈L/p⌉ layers, and nothing else
     mine = -(-params // tp)  # Megatron splits every matrix (the vocabulary too) over the tp ranks
-    states = (2 + 2) * mine + 12 * -(-mine // dp)  # bf16 weights + grads whole; fp32 master + Adam sharded over dp
+    states = (2 + 4) * mine + 12 * -(-mine // dp)  # bf16 weights + fp32 main grads whole; fp32 master + Adam over dp
     return (states + first_stage_activation_bytes(cfg, tp, pp)) / 1e9
 
 
@@ -586,7 +586,7 @@ def stage0_gb(cfg, tp: int, pp: int, dp: int) -> float:
         embedding = cfg.vocab_size * cfg.hidden + (cfg.seq_len * cfg.hidden if cfg.learned_positions else 0)
         params = -(-cfg.layers // pp) * layer + embedding  # ⌈L/p⌉ layers + the input embedding
     mine = params  # Megatron splits every matrix (the vocabulary too) over the tp ranks
-    states = (2 + 2) * mine + 12 * -(-mine // dp)  # bf16 weights + grads whole; fp32 master + Adam sharded over dp
+    states = (2 + 4) * mine + 12 * -(-mine // dp)  # bf16 weights + fp32 main grads whole; fp32 master + Adam over dp
     return (states + first_stage_activation_bytes(cfg, tp, pp)) / 1e9
 
 
@@ -620,7 +620,7 @@ def stage0_gb(cfg, tp: int, pp: int, dp: int) -> float:
         embedding = cfg.vocab_size * cfg.hidden + (cfg.seq_len * cfg.hidden if cfg.learned_positions else 0)
         params = -(-cfg.layers // pp) * layer + embedding  # ⌈L/p⌉ layers + the input embedding
     mine = -(-params // tp)  # Megatron splits every matrix (the vocabulary too) over the tp ranks
-    states = (2 + 2) * mine + 12 * -(-mine // dp)  # bf16 weights + grads whole; fp32 master + Adam sharded over dp
+    states = (2 + 4) * mine + 12 * -(-mine // dp)  # bf16 weights + fp32 main grads whole; fp32 master + Adam over dp
     return (states + first_stage_activation_bytes(cfg, tp, pp)) / 1e9
 
 
@@ -654,7 +654,7 @@ def stage0_gb(cfg, tp: int, pp: int, dp: int) -> float:
         embedding = cfg.vocab_size * cfg.hidden + (cfg.seq_len * cfg.hidden if cfg.learned_positions else 0)
         params = -(-cfg.layers // pp) * layer + embedding  # ⌈L/p⌉ layers + the input embedding
     mine = -(-params // tp)  # Megatron splits every matrix (the vocabulary too) over the tp ranks
-    states = (2 + 2) * mine + 12 * -(-mine // dp)  # bf16 weights + grads whole; fp32 master + Adam sharded over dp
+    states = (2 + 4) * mine + 12 * -(-mine // dp)  # bf16 weights + fp32 main grads whole; fp32 master + Adam over dp
     return (states + first_stage_activation_bytes(cfg, tp, pp)) / 2**30
 
 
@@ -706,6 +706,41 @@ def choose_3d(cfg, cluster, gpus: int, global_batch: int):
             if stage0_gb(cfg, tp, pp, dp) <= 0.8 * cluster.memory_gb and (best is None or (tp * pp, -tp) < best[0]):
                 best = ((tp * pp, -tp), (dp, tp, pp))
     return None if best is None else best[1]
+
+# %% 4.4 | the ZeRO paper's 16-bit gradients (2 + 2 whole), not Megatron's fp32 main grads | expect: fp32 main gradients
+import dataclasses
+
+from m11_helpers.config import param_count
+from m11_helpers.planner import first_stage_activation_bytes
+
+
+def stage0_gb(cfg, tp: int, pp: int, dp: int) -> float:
+    """GB on the first pipeline stage's GPU: its parameters ÷ tp under ZeRO-1 over dp, plus its activations."""
+    if pp == 1:
+        params = param_count(cfg)
+    else:
+        layer = param_count(dataclasses.replace(cfg, layers=2)) - param_count(dataclasses.replace(cfg, layers=1))
+        embedding = cfg.vocab_size * cfg.hidden + (cfg.seq_len * cfg.hidden if cfg.learned_positions else 0)
+        params = -(-cfg.layers // pp) * layer + embedding  # ⌈L/p⌉ layers + the input embedding
+    mine = -(-params // tp)  # Megatron splits every matrix (the vocabulary too) over the tp ranks
+    states = (2 + 2) * mine + 12 * -(-mine // dp)  # the ZeRO paper's bf16 weights + bf16 grads whole
+    return (states + first_stage_activation_bytes(cfg, tp, pp)) / 1e9
+
+
+def choose_3d(cfg, cluster, gpus: int, global_batch: int):
+    """(dp, tp, pp) with the smallest tp·pp that fits under ZeRO-1, the largest tp among those; None if none fits."""
+    best = None
+    for tp in range(1, cluster.gpus_per_node + 1):
+        if cluster.gpus_per_node % tp or cfg.heads % tp or gpus % tp:
+            continue
+        for pp in range(1, cfg.layers + 1):
+            if cfg.layers % pp or gpus % (tp * pp) or global_batch % (gpus // (tp * pp)):
+                continue
+            dp = gpus // (tp * pp)  # each candidate's own dp: ZeRO-1's saving depends on it
+            if stage0_gb(cfg, tp, pp, dp) <= 0.8 * cluster.memory_gb and (best is None or (tp * pp, -tp) < best[0]):
+                best = ((tp * pp, -tp), (dp, tp, pp))
+    return None if best is None else best[1]
+    ### END SOLUTION
 
 # %% 4.4 | delegates to the planner's megatron_rule (the rule the lesson prints) | expect: derive
 from m11_helpers.planner import megatron_rule

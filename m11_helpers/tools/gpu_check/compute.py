@@ -12,15 +12,16 @@ def check_matmul(ctx: dict) -> Outcome:
 
     n, parts = 8192, []
     chip = datasheet_chip(torch.cuda.get_device_name(0))
+    before = torch.backends.cuda.matmul.fp32_precision  # the allow_tf32 flags are deprecated after PyTorch 2.9
     for label, dtype, tf32 in (("fp32", torch.float32, False), ("tf32", torch.float32, True),
                                ("bf16", torch.bfloat16, False)):
-        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.backends.cuda.matmul.fp32_precision = "tf32" if tf32 else "ieee"
         a, b = (torch.randn(n, n, device="cuda", dtype=dtype) for _ in range(2))
         t = time_it(lambda: a @ b, repeats=5, warmup=2, sync=torch.cuda.synchronize).median
         tflops = 2 * n**3 / t / 1e12
         peak = chip.peak_tflops.get(label) if chip else None
         parts.append(f"{label} {tflops:.0f} TFLOP/s" + (f" ({tflops / peak:.0%} of {peak:g})" if peak else ""))
-    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cuda.matmul.fp32_precision = before
     return Outcome("; ".join(parts) + (f" — datasheet: {chip.name}" if chip else " — no datasheet row for this GPU"))
 
 
@@ -50,6 +51,7 @@ def _tokens_per_s(cfg, dtype, batch: int) -> float:
 def check_train_step(ctx: dict) -> Outcome:
     import torch
 
+    from m11_helpers.compute_budget import model_flops_utilization
     from m11_helpers.config import GPT2_SMALL, param_count
 
     chip = datasheet_chip(torch.cuda.get_device_name(0))
@@ -58,7 +60,8 @@ def check_train_step(ctx: dict) -> Outcome:
         tokens_s = _tokens_per_s(GPT2_SMALL, dtype, batch)
         torch.cuda.empty_cache()
         peak = chip.peak_flops("bf16" if dtype else "fp32") if chip else None
-        mfu = 6 * n_params * tokens_s / peak if peak else None  # 6ND (Kaplan et al. 2020, §2.1)
+        # model FLOPs with attention, 6N + 12·L·h·s per token (PaLM, App. B): the course's one MFU
+        mfu = model_flops_utilization(tokens_s, GPT2_SMALL, 1, peak) if peak else None
         parts.append(f"{label} {tokens_s:,.0f} tok/s" + (f", MFU {mfu:.0%}" if mfu else ""))
     return Outcome(f"GPT-2 small ({n_params / 1e6:.0f}M), batch {batch}×{GPT2_SMALL.seq_len}: " + "; ".join(parts))
 
