@@ -4,7 +4,8 @@ The bytes per parameter come from `m11_helpers.model_states` (one owner for ever
 paper's layout is "deepspeed", bf16 weights + bf16 grads + fp32 master + Adam, 16 B (Rajbhandari et
 al. 2020, "ZeRO", §3.1; Megatron-LM's default, "megatron", keeps fp32 grads: 18 B). ZeRO-1 shards the
 optimizer state (master + moments) over N ranks, ZeRO-2 the gradients too, ZeRO-3 (= FSDP) the
-weights too (§5.1, Fig. 1). This module adds what the lesson does with those bytes: offload, the fewest GPUs that fit, the bytes each rank sends.
+weights too (§5.1, Fig. 1). This module adds what the lesson does with those bytes: offload, the
+fewest GPUs that fit, the bytes each rank sends.
 
     memory_per_gpu(7_500_000_000, 64, stage=1) / GB       # 31.4, the paper's Figure 1
     min_gpus(param_count(RUNNING_EXAMPLE), chip("H100 SXM").memory_bytes, stage=3)
