@@ -114,6 +114,10 @@ def _rank_main(fn, args, kwargs, rank: int, p: LaunchPlan, port: int, timeout: f
         store = dist.TCPStore("127.0.0.1", port, None, False, timedelta(seconds=timeout))
         dist.init_process_group(p.backend, store=store, rank=rank, world_size=p.num_processes,
                                 timeout=timedelta(seconds=timeout))
+        from m11_helpers import device_check
+
+        if device_check.enabled():  # the suite's strict mode: a buffer NCCL would reject fails here too
+            device_check.install()
         box: list[Any] = []
         # Accelerate's own launch wrapper sets the environment exactly as notebook_launcher does.
         PrepareForLaunch(lambda: box.append(fn(*args, **kwargs)),

@@ -1,0 +1,154 @@
+"""Device mistakes made visible on a CPU: a buffer made without `device=` that reaches a collective fails here as on NCCL.
+
+On CPU ranks gloo takes any CPU tensor, so `torch.empty(n)` and `x.new_empty(n)` look the same; on GPUs
+NCCL rejects the first ("No backend type associated with device type cpu"). Inside a checked rank a
+`TorchFunctionMode` tags every tensor that a factory call in user code (not torch's own) makes without
+`device=`, the tag follows it through ops whose every tensor input is tagged (a view, a `.float()`, a
+`new_empty`, a `zeros_like`), and each torch.distributed collective raises `DeviceError` naming where
+the tensor was made. The ways out are the ones a GPU needs: `device=x.device`, `x.new_*`, `*_like(x)`,
+`.to(device)`.
+
+Used by every rank `launch()` forks and every script rank that imports `m11_helpers.launch` when
+M11_STRICT=1 (the suite's strict mode) or M11_DEVICE_CHECK=1; `checked()` turns it on for a block.
+Lessons 02-12 (rank code); the static half is `m11_helpers.device_lint`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import sys
+from typing import Any, Iterator
+
+import torch
+import torch.distributed as dist
+from torch.overrides import TorchFunctionMode
+from torch.utils.weak import WeakIdKeyDictionary
+
+__all__ = ["DeviceError", "DeviceCheck", "checked", "enabled", "install", "origin"]
+
+NCCL_ERROR = ("NCCL rejects it on a GPU: \"No backend type associated with device type cpu\" "
+              "(older torch: \"Tensors must be CUDA and dense\")")
+
+_FACTORIES = {getattr(torch, n) for n in (
+    "empty", "zeros", "ones", "full", "tensor", "as_tensor", "arange", "linspace", "logspace", "eye",
+    "rand", "randn", "randint", "randperm", "empty_strided", "from_numpy", "scalar_tensor")}
+_MOVES = {torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.type}  # with a device: the way out
+# The collectives and point-to-point calls a rank's tensors go through (objects are moved by torch itself).
+COLLECTIVES = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor", "_all_gather_base",
+               "reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base", "all_to_all",
+               "all_to_all_single", "send", "recv", "isend", "irecv", "gather", "scatter", "batch_isend_irecv",
+               "all_reduce_coalesced", "all_gather_coalesced")
+_TORCH_DIR = os.path.dirname(torch.__file__)
+_ENV = ("M11_STRICT", "M11_DEVICE_CHECK")
+
+
+class DeviceError(RuntimeError):
+    """A tensor made without a device reached a collective: gloo would take it, NCCL would not."""
+
+
+_origins: WeakIdKeyDictionary = WeakIdKeyDictionary()  # tensor -> "file:line" of the factory call
+
+
+def origin(t: torch.Tensor) -> str | None:
+    """Where `t` (or the tensor it derives from) was made without a device, or None."""
+    return _origins.get(t)
+
+
+def _caller() -> str | None:
+    """file:line of the user code that called the factory; None when torch (or the stdlib) called it."""
+    f = sys._getframe(2)
+    name = f.f_code.co_filename
+    if name.startswith(_TORCH_DIR) or "/site-packages/" in name and "/m11_helpers/" not in name:
+        return None
+    return f"{name}:{f.f_lineno}"
+
+
+def _tensors(args: Any, kwargs: dict) -> Iterator[torch.Tensor]:
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, torch.Tensor):
+            yield a
+        elif isinstance(a, (list, tuple)):
+            yield from (b for b in a if isinstance(b, torch.Tensor))
+
+
+class DeviceCheck(TorchFunctionMode):
+    """Tag tensors made without a device in user code; carry the tag through ops on tagged inputs only."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if func in _FACTORIES:
+            if kwargs.get("device") is None and isinstance(out, torch.Tensor) and out.device.type == "cpu" \
+                    and not (args and isinstance(args[0], torch.Tensor)):
+                where = _caller()
+                if where:
+                    _origins[out] = where
+            return out
+        if not _origins or not isinstance(out, torch.Tensor):
+            return out
+        if func in _MOVES and ("device" in kwargs or any(isinstance(a, (str, torch.device)) for a in args[1:])):
+            _origins.pop(out, None)  # moved to a device on purpose (on CPU `.to("cpu")` may return itself)
+            return out
+        found = [_origins.get(t) for t in _tensors(args, kwargs)]
+        if found and all(found) and out not in _origins:
+            _origins[out] = found[0]
+        return out
+
+
+def _check(name: str, args: tuple, kwargs: dict) -> None:
+    for a in (*args, *kwargs.values()):
+        items = a if isinstance(a, (list, tuple)) else (a,)
+        for t in items:
+            t = getattr(t, "tensor", t)  # a P2POp of batch_isend_irecv
+            if isinstance(t, torch.Tensor) and t in _origins:
+                raise DeviceError(
+                    f"dist.{name}() got a tensor made without a device at {_origins[t]}: gloo takes it, but "
+                    f"{NCCL_ERROR}. Make it on the data's device: x.new_empty(...), torch.zeros_like(x), "
+                    f"device=x.device, or .to(accelerator.device)")
+
+
+def _guard(name: str, fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        _check(name, args, kwargs)
+        return fn(*args, **kwargs)
+    wrapper.__m11_checked__ = True
+    return wrapper
+
+
+def _patch() -> None:
+    from torch.distributed import distributed_c10d as c10d
+
+    for name in COLLECTIVES:
+        for mod in (dist, c10d):
+            fn = getattr(mod, name, None)
+            if fn is not None and not getattr(fn, "__m11_checked__", False):
+                setattr(mod, name, _guard(name, fn))
+
+
+def enabled() -> bool:
+    """True when this process's ranks are checked (M11_STRICT=1 or M11_DEVICE_CHECK=1)."""
+    return any(os.environ.get(k) == "1" for k in _ENV)
+
+
+_installed: list[DeviceCheck] = []
+
+
+def install() -> None:
+    """Check this process for the rest of its life (a rank): patch the collectives, enter the mode."""
+    if _installed:
+        return
+    _patch()
+    mode = DeviceCheck()
+    mode.__enter__()
+    _installed.append(mode)
+
+
+@contextlib.contextmanager
+def checked() -> Iterator[None]:
+    """Check the block (a test, a grader's call of a learner's rank function)."""
+    _patch()
+    with DeviceCheck():
+        yield
