@@ -9,7 +9,8 @@ the tensor was made. The ways out are the ones a GPU needs: `device=x.device`, `
 `.to(device)`.
 
 Used by every rank `launch()` forks and every script rank that imports `m11_helpers.launch` when
-M11_STRICT=1 (the suite's strict mode) or M11_DEVICE_CHECK=1; `checked()` turns it on for a block.
+M11_STRICT=1 (the suite's strict mode) or M11_DEVICE_CHECK=1 (`check_ranks()` sets it: the exercises whose
+buffers meet a collective call it); `checked()` turns it on for a block of this process.
 Lessons 02-12 (rank code); the static half is `m11_helpers.device_lint`.
 """
 
@@ -26,7 +27,7 @@ import torch.distributed as dist
 from torch.overrides import TorchFunctionMode
 from torch.utils.weak import WeakIdKeyDictionary
 
-__all__ = ["DeviceError", "DeviceCheck", "checked", "enabled", "install", "origin"]
+__all__ = ["DeviceError", "DeviceCheck", "check_ranks", "checked", "enabled", "install", "origin"]
 
 NCCL_ERROR = ("NCCL rejects it on a GPU: \"No backend type associated with device type cpu\" "
               "(older torch: \"Tensors must be CUDA and dense\")")
@@ -39,7 +40,7 @@ _MOVES = {torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.type}  # with a devic
 COLLECTIVES = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor", "_all_gather_base",
                "reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base", "all_to_all",
                "all_to_all_single", "send", "recv", "isend", "irecv", "gather", "scatter", "batch_isend_irecv",
-               "all_reduce_coalesced", "all_gather_coalesced")
+               "all_reduce_coalesced", "all_gather_coalesced", "reduce_scatter_single", "all_gather_single")
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _ENV = ("M11_STRICT", "M11_DEVICE_CHECK")
 
@@ -122,15 +123,22 @@ def _patch() -> None:
     from torch.distributed import distributed_c10d as c10d
 
     for name in COLLECTIVES:
-        for mod in (dist, c10d):
-            fn = getattr(mod, name, None)
-            if fn is not None and not getattr(fn, "__m11_checked__", False):
-                setattr(mod, name, _guard(name, fn))
+        fn = getattr(c10d, name, None)
+        if fn is not None and not getattr(fn, "__m11_checked__", False):
+            wrapped = _guard(name, fn)  # one object in both places: P2POp checks `op in [isend, irecv]`
+            setattr(c10d, name, wrapped)
+            if getattr(dist, name, None) is fn:
+                setattr(dist, name, wrapped)
 
 
 def enabled() -> bool:
     """True when this process's ranks are checked (M11_STRICT=1 or M11_DEVICE_CHECK=1)."""
     return any(os.environ.get(k) == "1" for k in _ENV)
+
+
+def check_ranks() -> None:
+    """Check every rank this process launches from now on (the graded notebooks' import cell calls it)."""
+    os.environ["M11_DEVICE_CHECK"] = "1"
 
 
 _installed: list[DeviceCheck] = []

@@ -7,13 +7,14 @@ asserts there are none):
 - factory-no-device: `torch.zeros(...)`, `torch.tensor(...)`... without `device=` in a function that
   runs a collective: NCCL rejects the CPU buffer (the dynamic twin: m11_helpers.device_check);
 - rng-cpu-only: a capture/restore of `torch.get_rng_state()` alone, or `fork_rng(devices=[])`: the
-  accelerator's generator (dropout masks on a GPU) is not restored (the kit's: m11_helpers.rng);
+  accelerator's generator (dropout masks on a GPU) is not restored (the kit's: m11_helpers.device_state.rng_state);
 - timing-unsynced: wall-clock reads around tensor work with no synchronise: a GPU returns before its
   kernels finish (the kit's timer: m11_helpers.timing.time_it, or `timing.synchronize()`);
 - memory-cpu-only: RSS or tracemalloc read where the lesson measures tensor bytes: the accelerator's
-  allocator is not seen (the kit's: m11_helpers.memory.accelerator_bytes).
+  allocator is not seen (the kit's: m11_helpers.device_state.allocated_bytes).
 
-Opt out, with the reason, on the line or the one above: `# m11: cpu-only - <why>`.
+Opt out, with the reason, on the line, the one above, or a whole function on its `def` line (or the one
+above it): `# m11: cpu-only - <why>`.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ _CLOCKS = {"perf_counter", "time", "monotonic", "perf_counter_ns"}
 _SYNCS = {"synchronize", "time_it", "sync", "barrier", "elapsed_time", "timed", "synchronized"}
 _TENSOR_WORK = {"backward", "step", "forward", "matmul", "mm", "bmm"}
 _WRAPPER = re.compile(r"(^|_)(all_reduce|all_gather|reduce_scatter|all_to_all|broadcast|isend|irecv|send|recv)(_|$)")
+DEVICE_EXPECT = "No backend type associated with device type cpu"  # what a device wrong answer must be told
 _OPT_OUT = re.compile(r"#\s*m11:\s*cpu-only\s*[-—:]\s*\S")
 
 
@@ -99,7 +101,10 @@ def _scope_findings(scope: ast.AST) -> Iterator[tuple[int, str, str]]:
     calls = [n for n in nodes if isinstance(n, ast.Call)]
     names = _names(nodes)
     if any(_is_collective(c) for c in calls):
+        moved = {id(c.func.value) for c in calls if isinstance(c.func, ast.Attribute) and c.func.attr in ("to", "cuda")}
         for c in calls:
+            if id(c) in moved:
+                continue  # torch.randn(..., generator=g).to(device): drawn on the CPU generator, then moved
             f = c.func
             if isinstance(f, ast.Attribute) and f.attr in FACTORIES and _dotted(f.value) == "torch" \
                     and not any(k.arg == "device" for k in c.keywords):
@@ -120,16 +125,16 @@ def _scope_findings(scope: ast.AST) -> Iterator[tuple[int, str, str]]:
     clocks = [c for c in calls if _dotted(c.func).split(".")[-1] in _CLOCKS
               and _dotted(c.func) in {"time." + k for k in _CLOCKS} | _CLOCKS]
     if len(clocks) >= 2 and not names & _SYNCS and names & _TENSOR_WORK:
-        yield clocks[0].lineno, "timing-unsynced", (
+        yield min(c.lineno for c in clocks), "timing-unsynced", (
             "wall-clock timing of tensor work with no synchronise: a GPU returns before its kernels end; "
             "use m11_helpers.timing.time_it (or timing.synchronize() before each clock read)")
     if names & {"tracemalloc", "memory_info", "getrusage"} and names & _TENSOR_WORK and \
-            not names & {"memory_allocated", "max_memory_allocated", "accelerator_bytes"}:
-        line = next(n.lineno for n in nodes if isinstance(n, (ast.Attribute, ast.Name))
+            not names & {"memory_allocated", "max_memory_allocated", "allocated_bytes", "peak_bytes"}:
+        line = min(n.lineno for n in nodes if isinstance(n, (ast.Attribute, ast.Name))
                     and (getattr(n, "attr", None) or getattr(n, "id", None)) in {"tracemalloc", "memory_info",
                                                                                "getrusage"})
         yield line, "memory-cpu-only", ("CPU allocations read where tensor bytes are measured: a GPU's live in "
-                                        "its allocator; use m11_helpers.memory.accelerator_bytes")
+                                        "its allocator; use m11_helpers.device_state.allocated_bytes")
 
 
 def lint_source(source: str, path: str = "<source>", line_offset: int = 0) -> list[Finding]:
@@ -140,8 +145,9 @@ def lint_source(source: str, path: str = "<source>", line_offset: int = 0) -> li
                                                                    ast.Lambda))]
     out = []
     for scope in scopes:
+        top = lines[max(0, scope.lineno - 2): scope.lineno] if hasattr(scope, "lineno") else []
         for line, rule, what in _scope_findings(scope):
-            near = lines[max(0, line - 2): line]
+            near = lines[max(0, line - 2): line] + top  # the line, the one above, or the function's def line
             if not any(_OPT_OUT.search(t) for t in near):
                 out.append(Finding(path, line + line_offset, rule, what))
     return sorted(set(out), key=lambda f: (f.path, f.line, f.rule))
@@ -161,8 +167,20 @@ def lint_paths(paths: list[Path]) -> list[Finding]:
         if p.suffix == ".ipynb":
             for i, src in _cells(p):
                 out += lint_source(src, f"{rel}[cell {i}]")
+        elif p.parent.name == "wrong_answers":
+            out += _lint_wrong_answers(p.read_text(), rel)
         else:
             out += lint_source(p.read_text(), rel)
+    return out
+
+
+def _lint_wrong_answers(text: str, rel: str) -> list[Finding]:
+    """Each recorded answer alone; the ones recorded *for* a device mistake (expect: NCCL's error) are skipped."""
+    out, starts = [], [m.start() for m in re.finditer(r"^# %% ", text, re.M)] + [len(text)]
+    for a, b in zip(starts, starts[1:]):
+        block = text[a:b]
+        if DEVICE_EXPECT not in block.splitlines()[0]:
+            out += lint_source(block, rel, line_offset=text.count("\n", 0, a))
     return out
 
 

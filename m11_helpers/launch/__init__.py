@@ -18,7 +18,7 @@ the ranks `report()` (results.py).
 
 import os as _os
 
-from m11_helpers.launch.base import LaunchError, LaunchPlan, LaunchTimeout, launch_plan
+from m11_helpers.launch.base import LaunchError, LaunchPlan, LaunchTimeout, launch_plan, rank_device
 from m11_helpers.launch.command import accelerate_command
 from m11_helpers.launch.fork import launch
 from m11_helpers.launch.results import RESULTS_ENV, report
@@ -33,4 +33,4 @@ if _os.environ.get(RESULTS_ENV) and "LOCAL_RANK" in _os.environ \
     _device_check.install()
 
 __all__ = ["LaunchError", "LaunchTimeout", "LaunchPlan", "ScriptRun", "accelerate_command", "launch",
-           "launch_script", "launch_plan", "report", "RESULTS_ENV"]
+           "launch_script", "launch_plan", "rank_device", "report", "RESULTS_ENV"]
