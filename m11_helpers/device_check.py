@@ -87,14 +87,22 @@ class DeviceCheck(TorchFunctionMode):
                 if where:
                     _origins[out] = where
             return out
-        if not _origins or not isinstance(out, torch.Tensor):
+        if not _origins:
             return out
-        if func in _MOVES and ("device" in kwargs or any(isinstance(a, (str, torch.device)) for a in args[1:])):
-            _origins.pop(out, None)  # moved to a device on purpose (on CPU `.to("cpu")` may return itself)
+        if isinstance(out, torch.Tensor):
+            if func in _MOVES and ("device" in kwargs or any(isinstance(a, (str, torch.device)) for a in args[1:])):
+                _origins.pop(out, None)  # moved to a device on purpose (on CPU `.to("cpu")` may return itself)
+                return out
+            outs: tuple = (out,)
+        elif isinstance(out, (tuple, list)):  # chunk, split, unbind: every piece lives where its source does
+            outs = tuple(t for t in out if isinstance(t, torch.Tensor))
+        else:
             return out
         found = [_origins.get(t) for t in _tensors(args, kwargs)]
-        if found and all(found) and out not in _origins:
-            _origins[out] = found[0]
+        if found and all(found):
+            for t in outs:
+                if t not in _origins:
+                    _origins[t] = found[0]
         return out
 
 

@@ -77,6 +77,7 @@ def test_a_device_less_buffer_fails_its_collective_with_the_nccl_error_and_where
         assert origin(bad) == line
         for call in (lambda: dist.all_reduce(bad), lambda: dist.all_gather([x.clone(), x.clone()], bad),
                      lambda: dist.batch_isend_irecv([SimpleNamespace(op=dist.irecv, tensor=bad)]),  # a P2POp's
+                     lambda: dist.isend(list(bad.chunk(3))[1], 1),  # its pieces too
                      lambda: dist.all_reduce(bad.new_zeros(1))):  # new_* of a CPU buffer is one too
             with pytest.raises(DeviceError, match=r"No backend type associated with device type cpu.*x\.new_empty"):
                 call()
