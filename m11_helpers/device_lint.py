@@ -1,6 +1,6 @@
 """Device rules, read statically: code that gloo on CPU accepts and a GPU run gets wrong (the half that needs no run).
 
-Four rules, over the package, the scripts, every course and solution notebook's code cells and the
+Four rules, over the package, the scripts, the benchmarks, every course and solution notebook's code cells and the
 wrong-answer files (`python -m m11_helpers.device_lint` lists the findings; tests/test_device_lint.py
 asserts there are none):
 
@@ -185,8 +185,9 @@ def _lint_wrong_answers(text: str, rel: str) -> list[Finding]:
 
 
 def course_files(root: Path = REPO) -> list[Path]:
-    """Where ranks' code lives: the package (scripts included), course and solution notebooks, wrong answers."""
-    return sorted([*(root / "m11_helpers").rglob("*.py"), *(root / "course").glob("*.ipynb"),
+    """Where ranks' code lives: the package (scripts included), benchmarks, course and solution notebooks, wrong answers."""
+    return sorted([*(root / "m11_helpers").rglob("*.py"), *(root / "benchmarks").glob("*.py"),
+                   *(root / "course").glob("*.ipynb"),
                    *(root / "solutions").glob("*.ipynb"), *(root / "solutions" / "wrong_answers").glob("*.py")])
 
 
