@@ -1,8 +1,8 @@
 """Device rules, read statically: code that gloo on CPU accepts and a GPU run gets wrong (the half that needs no run).
 
-Four rules, over the package, the scripts, the benchmarks, every course and solution notebook's code cells and the
-wrong-answer files (`python -m m11_helpers.device_lint` lists the findings; tests/test_device_lint.py
-asserts there are none):
+Four rules, over the package, the scripts, the benchmarks, every course and solution notebook's code
+cells and the wrong-answer files (`python -m m11_helpers.device_lint` lists the findings;
+tests/test_device_proof.py asserts there are none):
 
 - factory-no-device: `torch.zeros(...)`, `torch.tensor(...)`... without `device=` in a function that
   runs a collective: NCCL rejects the CPU buffer (the dynamic twin: m11_helpers.device_check);
