@@ -121,7 +121,7 @@ def _scope_findings(scope: ast.AST) -> Iterator[tuple[int, str, str]]:
                 and not names & {"cuda", "accelerator"}:
             yield c.lineno, "rng-cpu-only", (
                 f"{d}() alone: a GPU's dropout masks come from the accelerator's generator; use "
-                "m11_helpers.rng.rng_state()/set_rng_state()")
+                "m11_helpers.device_state.rng_state()/set_rng_state()")
     clocks = [c for c in calls if _dotted(c.func).split(".")[-1] in _CLOCKS
               and _dotted(c.func) in {"time." + k for k in _CLOCKS} | _CLOCKS]
     if len(clocks) >= 2 and not names & _SYNCS and names & _TENSOR_WORK:

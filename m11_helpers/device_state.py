@@ -1,6 +1,6 @@
 """The accelerator's own state beside its tensors: its random generators and its allocator's byte counts.
 
-    state = rng_state()            # the CPU generator and, once CUDA is in use, every GPU's
+    state = rng_state()            # the CPU generator, every GPU's once CUDA is in use, Python's, NumPy's
     set_rng_state(state)           # both back: dropout draws the same masks again (lessons 08, 10)
     with fork_rng(): ...           # the same, around a block
     allocated_bytes("cuda"), peak_bytes(lambda: loss.backward(), "cuda")   # None on CPU
@@ -18,6 +18,7 @@ bytes exactly (m11_helpers.memory, m11_helpers.live_memory). Lessons 05, 07, 08,
 from __future__ import annotations
 
 import contextlib
+import random
 from typing import Any, Callable, Iterator
 
 import torch
@@ -26,15 +27,33 @@ __all__ = ["rng_state", "set_rng_state", "fork_rng", "allocated_bytes", "peak_by
 
 
 def rng_state() -> dict[str, Any]:
-    """{"cpu": the CPU generator's state, "cuda": [each GPU's] (empty while CUDA is unused)}."""
-    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else []
-    return {"cpu": torch.get_rng_state(), "cuda": cuda}
+    """This process's RNG states as weights_only-loadable values: torch's CPU generator ("torch"), every GPU's
+    once CUDA is in use ("cuda", else []), Python's and NumPy's (lesson 10's checkpoints hold them)."""
+    py = random.getstate()  # (version, tuple of 625 ints, gauss_next)
+    state = {"torch": torch.get_rng_state(),  # uint8 tensor
+             "python": [py[0], torch.tensor(py[1], dtype=torch.int64), py[2]],
+             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else []}
+    try:
+        import numpy as np
+
+        kind, keys, pos, has_gauss, gauss = np.random.get_state()
+        state["numpy"] = [kind, torch.from_numpy(keys.astype("int64")), int(pos), int(has_gauss), float(gauss)]
+    except ImportError:
+        pass
+    return state
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore what `rng_state()` returned (a checkpoint loaded with weights_only=True holds it as it was)."""
-    torch.set_rng_state(state["cpu"])
-    if state.get("cuda"):
+    """Restore what `rng_state()` captured (a checkpoint loaded with weights_only=True holds it as it was)."""
+    torch.set_rng_state(state["torch"])
+    version, keys, gauss = state["python"]
+    random.setstate((version, tuple(int(k) for k in keys.tolist()), gauss))
+    if "numpy" in state:
+        import numpy as np
+
+        kind, keys, pos, has_gauss, g = state["numpy"]
+        np.random.set_state((kind, keys.numpy().astype("uint32"), pos, has_gauss, g))
+    if state.get("cuda") and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
 
 

@@ -103,7 +103,7 @@ class FakeCuda:
 
     def __init__(self, monkeypatch):
         self.calls, self.gen = [], [torch.tensor([1, 2], dtype=torch.uint8)]
-        for name, fn in {"is_initialized": lambda: True, "synchronize": lambda *a: self.calls.append("sync"),
+        for name, fn in {"is_initialized": lambda: True, "is_available": lambda: True, "synchronize": lambda *a: self.calls.append("sync"),
                          "get_rng_state_all": lambda: [g.clone() for g in self.gen],
                          "set_rng_state_all": lambda states: self.calls.append(("set", [s.tolist() for s in states])),
                          "reset_peak_memory_stats": lambda d=None: self.calls.append("reset"),
@@ -129,7 +129,7 @@ def test_rng_capture_and_restore_cover_the_gpu_generators(monkeypatch):
     with device_state.fork_rng():
         torch.rand(3)
     device_state.set_rng_state(state)
-    assert torch.equal(torch.get_rng_state(), state["cpu"])
+    assert torch.equal(torch.get_rng_state(), state["torch"])
     assert fake.calls == [("set", [[1, 2]])] * 2  # fork_rng's restore, then ours
 
 
