@@ -106,7 +106,13 @@ class DeviceCheck(TorchFunctionMode):
         return out
 
 
+_cpu_groups: list = []  # groups made with backend="gloo" on purpose (a CPU side channel even under NCCL)
+
+
 def _check(name: str, args: tuple, kwargs: dict) -> None:
+    group = kwargs.get("group")
+    if group is not None and any(group is g for g in _cpu_groups):
+        return  # CPU tensors are right there
     for a in (*args, *kwargs.values()):
         items = a if isinstance(a, (list, tuple)) else (a,)
         for t in items:
@@ -127,8 +133,22 @@ def _guard(name: str, fn):
     return wrapper
 
 
+def _new_group(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        group = fn(*args, **kwargs)
+        if "gloo" in str(kwargs.get("backend") or (args[2] if len(args) > 2 else "")).lower():
+            _cpu_groups.append(group)
+        return group
+    wrapper.__m11_checked__ = True
+    return wrapper
+
+
 def _patch() -> None:
     from torch.distributed import distributed_c10d as c10d
+
+    if not getattr(c10d.new_group, "__m11_checked__", False):
+        c10d.new_group = dist.new_group = _new_group(c10d.new_group)
 
     for name in COLLECTIVES:
         fn = getattr(c10d, name, None)

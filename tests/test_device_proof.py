@@ -90,6 +90,22 @@ def test_a_device_less_buffer_fails_its_collective_with_the_nccl_error_and_where
     assert origin(torch.zeros(1)) is None  # outside the block nothing is tagged
 
 
+def test_a_group_made_for_the_cpu_takes_cpu_tensors(monkeypatch):
+    from m11_helpers import device_check
+
+    class Group:  # stands for new_group(backend="gloo"): a CPU channel under NCCL too
+        def allreduce(self, *args):
+            raise LookupError("the group's own all-reduce")
+
+    side = Group()
+    monkeypatch.setattr(device_check, "_cpu_groups", [side])
+    with checked():
+        with pytest.raises(LookupError):
+            dist.all_reduce(torch.zeros(1), group=side)  # past the check, into the group
+        with pytest.raises(DeviceError):
+            dist.all_reduce(torch.zeros(1), group=Group())  # any other group: checked
+
+
 def test_a_script_rank_is_checked_when_it_imports_the_launch_package():
     code = ("import torch.distributed as d, m11_helpers.launch; "
             "print(getattr(d.all_reduce, '__m11_checked__', False))")
