@@ -118,10 +118,11 @@ def _check(name: str, args: tuple, kwargs: dict) -> None:
         for t in items:
             t = getattr(t, "tensor", t)  # a P2POp of batch_isend_irecv
             if isinstance(t, torch.Tensor) and t in _origins:
-                raise DeviceError(
-                    f"dist.{name}() got a tensor made without a device at {_origins[t]}: gloo takes it, but "
-                    f"{NCCL_ERROR}. Make it on the data's device: x.new_empty(...), torch.zeros_like(x), "
-                    f"device=x.device, or .to(accelerator.device)")
+                raise DeviceError(  # NCCL's words first: a launcher's one-line summary keeps 200 characters
+                    f"dist.{name}() fails on GPUs with NCCL's \"No backend type associated with device type cpu\" "
+                    f"(older torch: \"Tensors must be CUDA and dense\"): its tensor was made without a device at "
+                    f"{_origins[t]} (gloo takes it). Make it on the data's device: x.new_empty(...), "
+                    f"torch.zeros_like(x), device=x.device, or launch.rank_device()")
 
 
 def _guard(name: str, fn):
