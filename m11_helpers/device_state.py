@@ -26,13 +26,16 @@ import torch
 __all__ = ["rng_state", "set_rng_state", "fork_rng", "allocated_bytes", "peak_bytes"]
 
 
-def rng_state() -> dict[str, Any]:
+def rng_state(python_numpy: bool = True) -> dict[str, Any]:
     """This process's RNG states as weights_only-loadable values: torch's CPU generator ("torch"), every GPU's
-    once CUDA is in use ("cuda", else []), Python's and NumPy's (lesson 10's checkpoints hold them)."""
-    py = random.getstate()  # (version, tuple of 625 ints, gauss_next)
+    once CUDA is in use ("cuda", else []) and, with `python_numpy`, Python's and NumPy's (lesson 10's
+    checkpoints hold them all; a recompute needs torch's alone, what torch.utils.checkpoint keeps: 8.4)."""
     state = {"torch": torch.get_rng_state(),  # uint8 tensor
-             "python": [py[0], torch.tensor(py[1], dtype=torch.int64), py[2]],
              "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else []}
+    if not python_numpy:
+        return state
+    py = random.getstate()  # (version, tuple of 625 ints, gauss_next)
+    state["python"] = [py[0], torch.tensor(py[1], dtype=torch.int64), py[2]]
     try:
         import numpy as np
 
@@ -46,8 +49,9 @@ def rng_state() -> dict[str, Any]:
 def set_rng_state(state: dict[str, Any]) -> None:
     """Restore what `rng_state()` captured (a checkpoint loaded with weights_only=True holds it as it was)."""
     torch.set_rng_state(state["torch"])
-    version, keys, gauss = state["python"]
-    random.setstate((version, tuple(int(k) for k in keys.tolist()), gauss))
+    if "python" in state:
+        version, keys, gauss = state["python"]
+        random.setstate((version, tuple(int(k) for k in keys.tolist()), gauss))
     if "numpy" in state:
         import numpy as np
 

@@ -195,7 +195,7 @@ class Recompute(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, block):
         ctx.block = block
-        ctx.rng = rng_state()
+        ctx.rng = rng_state(python_numpy=False)
         ctx.save_for_backward(x)
         return block(x)
 
@@ -228,7 +228,7 @@ class Recompute(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, block):
         ctx.block = block
-        ctx.rng = rng_state()
+        ctx.rng = rng_state(python_numpy=False)
         ctx.save_for_backward(x)
         return block(x)
 
