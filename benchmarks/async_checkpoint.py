@@ -54,6 +54,7 @@ def measure(hidden: int, steps: int, every: int, repeats: int) -> dict:
     fully_shard(model, mesh=mesh)
     materialize(model, "cpu", seed=0)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    # m11: cpu-only - this benchmark measures checkpointing a CPU model (materialized on "cpu" above)
     x = torch.randint(0, cfg.vocab_size, (4, cfg.seq_len), generator=torch.Generator().manual_seed(dist.get_rank()))
     box = [tempfile.mkdtemp(prefix="m11-bench-ckpt-") if dist.get_rank() == 0 else None]
     dist.broadcast_object_list(box)  # one folder for every rank: DCP writes one checkpoint together

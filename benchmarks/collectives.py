@@ -22,12 +22,12 @@ import torch.distributed as dist
 from m11_helpers import comm_model as cm
 from m11_helpers.collectives import IMPLEMENTATIONS, ring_all_reduce, time_collective
 from m11_helpers.hardware import copy_bandwidth
-from m11_helpers.launch import launch, launch_plan
+from m11_helpers.launch import launch, launch_plan, rank_device
 
 
 def _bench(nbytes: int, rounds: int) -> dict:
     rank, n = dist.get_rank(), dist.get_world_size()
-    x = torch.full((nbytes // 4,), float(rank + 1))  # (S/4,) float32
+    x = torch.full((nbytes // 4,), float(rank + 1), device=rank_device())  # (S/4,) float32
     y = x.clone()
     ring_all_reduce(y)
     assert bool((y == n * (n + 1) / 2).all()), "ring all-reduce is wrong"  # correct before timing it

@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 
 import m11_helpers.launch.fork as fork
-from m11_helpers.launch import launch, launch_script
+from m11_helpers.launch import launch, launch_script, rank_device
 from m11_helpers.tether import tethered_popen
 from m11_helpers.timing import Timing, format_seconds, time_it
 
@@ -47,7 +47,7 @@ WORLD = 4
 
 
 def work() -> float:
-    x = torch.ones(1024)
+    x = torch.ones(1024, device=rank_device())
     dist.all_reduce(x)
     return x[0].item()
 

@@ -26,13 +26,13 @@ import torch
 import torch.distributed as dist
 
 from m11_helpers.context_parallel import LAYOUTS, critical_path_tiles, ring_attention, shard_sequence
-from m11_helpers.launch import launch
+from m11_helpers.launch import launch, rank_device
 
 
 def _bench(seq: int, heads: int, dim: int, rounds: int) -> dict:
     r, n = dist.get_rank(), dist.get_world_size()
     g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(1, heads, seq, dim, generator=g) for _ in range(3))  # (B, H, T, D)
+    q, k, v = (torch.randn(1, heads, seq, dim, generator=g).to(rank_device()) for _ in range(3))  # (B, H, T, D)
     out = {lay: {"step": [], "mine": []} for lay in LAYOUTS}
     for i in range(rounds + 1):  # round 0 warms up
         for lay in LAYOUTS:
@@ -41,7 +41,7 @@ def _bench(seq: int, heads: int, dim: int, rounds: int) -> dict:
             t0 = time.perf_counter()
             ring_attention(*mine, True, layout=lay).sum().backward()
             mine_s = time.perf_counter() - t0
-            step = torch.tensor([mine_s], dtype=torch.float64)
+            step = torch.tensor([mine_s], dtype=torch.float64, device=q.device)
             dist.all_reduce(step, op=dist.ReduceOp.MAX)  # the step ends when the slowest rank does
             if i:
                 out[lay]["step"].append(float(step))

@@ -169,7 +169,7 @@ def train_regression(mode: str = "single", steps: int = 20, global_batch: int = 
             start = warmup_from if warmup_from is not None else lr
             for group in opt.param_groups:
                 group["lr"] = warmup_lr(step, base_lr=start, scale=lr / start, warmup_steps=warmup_steps)
-        rows = (step * global_batch + rank * local + torch.arange(local)) % len(x)  # (local,)
+        rows = (step * global_batch + rank * local + torch.arange(local, device=x.device)) % len(x)  # (local,)
         loss = nn.functional.mse_loss(net(x[rows]), y[rows])
         opt.zero_grad(set_to_none=True)
         loss.backward()  # DDP all-reduces here, bucket by bucket, while backward runs

@@ -22,7 +22,7 @@ import torch.distributed as dist
 from m11_helpers.comm_model import ring_allreduce_time
 from m11_helpers.config import TransformerConfig
 from m11_helpers.data_parallel import BUCKET_MLP
-from m11_helpers.timing import time_it
+from m11_helpers.timing import synchronize, time_it
 from m11_helpers.validate import non_negative_real, positive_int, positive_real
 
 __all__ = ["record_timeline", "bucket_params", "plot_timeline", "measure_step", "hidden_fraction", "overlap_end",
@@ -136,6 +136,7 @@ def record_timeline(bucket_cap_mb: float | None = None, iterations: int = 3, bat
         loss = ddp(x).square().mean()
         t0[0] = time.perf_counter()
         loss.backward()  # hooks fire in here; the last futures complete before backward returns
+        synchronize()  # on a GPU backward returns before its kernels end
         out.append({"backward_s": time.perf_counter() - t0[0], "grads": list(ready), "buckets": sorted(events)})
     numels = [p.numel() for p in model.parameters()]
     del ddp  # see docs/cpu-distributed-facts.md: a live DDP model at exit can abort the process

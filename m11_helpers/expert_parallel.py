@@ -118,6 +118,7 @@ class MoELayer(nn.Module):
         if capacity_factor is not None:
             positive_real("capacity_factor (or None for no dropping)", capacity_factor)
         self.top_k, self.capacity_factor, self.num_experts = top_k, capacity_factor, experts
+        # m11: cpu-only - the weights are drawn on the CPU generator (the same on every machine), moved after
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             self.router = nn.Linear(hidden, experts, bias=False, dtype=dtype)
@@ -202,7 +203,7 @@ class ExpertParallelMoE(nn.Module):
         send = counts.view(self.world, self.per_rank).sum(1).tolist()
         recv = recv_counts.view(self.world, self.per_rank).sum(1).tolist()
         arrived = all_to_all(x[tok], send, recv, self.group)  # (Σ recv, h): by source rank, then expert
-        local_e = torch.arange(self.per_rank).repeat(self.world).repeat_interleave(recv_counts)  # expert of each row
+        local_e = torch.arange(self.per_rank, device=x.device).repeat(self.world).repeat_interleave(recv_counts)  # expert of each row
         out = torch.zeros_like(arrived)
         for i, expert in enumerate(self.local):
             rows = torch.nonzero(local_e == i, as_tuple=True)[0]

@@ -25,7 +25,6 @@ Why each piece (Lesson 10):
 from __future__ import annotations
 
 import os
-import random
 import signal
 import tempfile
 from pathlib import Path
@@ -34,6 +33,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from m11_helpers.device_state import rng_state, set_rng_state  # the kit's, re-exported: checkpoints use them
+from m11_helpers.launch.base import rank_device
 from m11_helpers.validate import non_negative_int, positive_int
 
 __all__ = ["PreemptionNotice", "fsync_dir", "atomic_save", "naive_save", "load_checkpoint", "latest_checkpoint",
@@ -58,9 +59,9 @@ class PreemptionNotice:
         """True on every rank if ANY rank got the notice (one all_reduce(MAX) of a scalar).
 
         `device`: where the flag lives; the training device on GPUs (an NCCL-only group cannot reduce a
-        CPU tensor), None or "cpu" under gloo. `group`: the process group (None: the default one).
+        CPU tensor); None: this rank's (`launch.rank_device()`: its GPU under NCCL, the CPU under gloo). `group`: the process group (None: the default one).
         """
-        flag = torch.tensor([1.0 if self.received else 0.0], device=device)  # (1,)
+        flag = torch.tensor([1.0 if self.received else 0.0], device=device or rank_device())  # (1,)
         if dist.is_available() and dist.is_initialized():
             dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
         return bool(flag.item())
@@ -128,37 +129,6 @@ def latest_checkpoint(folder: str | os.PathLike, pattern: str = "*.pt") -> Path 
         return None
     files = [p for p in folder.glob(pattern) if not p.name.startswith(".")]
     return max(files, key=lambda p: p.stat().st_mtime_ns) if files else None
-
-
-def rng_state() -> dict:
-    """This process's RNG states (torch CPU [+ CUDA], Python, NumPy) as weights_only-loadable values."""
-    py = random.getstate()  # (version, tuple of 625 ints, gauss_next)
-    state = {"torch": torch.get_rng_state(),  # uint8 tensor
-             "python": [py[0], torch.tensor(py[1], dtype=torch.int64), py[2]]}
-    try:
-        import numpy as np
-
-        kind, keys, pos, has_gauss, gauss = np.random.get_state()
-        state["numpy"] = [kind, torch.from_numpy(keys.astype("int64")), int(pos), int(has_gauss), float(gauss)]
-    except ImportError:
-        pass
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    """Restore what `rng_state()` captured."""
-    torch.set_rng_state(state["torch"])
-    version, keys, gauss = state["python"]
-    random.setstate((version, tuple(int(k) for k in keys.tolist()), gauss))
-    if "numpy" in state:
-        import numpy as np
-
-        kind, keys, pos, has_gauss, g = state["numpy"]
-        np.random.set_state((kind, keys.numpy().astype("uint32"), pos, has_gauss, g))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def gather_rng_states() -> list[dict]:

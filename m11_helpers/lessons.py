@@ -85,9 +85,10 @@ LESSONS: tuple[Lesson, ...] = (
 ROWS: tuple[Row, ...] = LESSONS + (
     Row("kit", ("launch", "procs", "tether", "validate", "timing", "display", "resources", "environment", "models",
                 "data", "config", "quiz", "quizzes", "memory", "model_states", "activations", "quantities",
-                "lessons", "comm_count", "compare"),
+                "lessons", "comm_count", "compare", "device_check", "device_lint", "device_state"),
         ("test_launch.py", "test_kit.py", "test_memory.py", "test_quizzes.py", "test_model_states.py",
-         "test_activations.py", "test_quantities.py", "test_launch_cleanup.py", "test_comm_count.py")),
+         "test_activations.py", "test_quantities.py", "test_launch_cleanup.py", "test_comm_count.py",
+         "test_device_proof.py")),
     Row("tools", ("tools", "grading"),
         ("test_notebooks.py", "test_slides.py", "test_browser.py", "test_cli.py", "test_gpu_check.py",
          "test_new_lesson.py", "test_packaging.py", "test_version_floors.py", "test_grading.py", "test_observe.py",

@@ -21,6 +21,7 @@ from m11_helpers import tensor_parallel as tp
 from m11_helpers.attention import flash_attention, naive_attention
 from m11_helpers.compare import max_diff
 from m11_helpers.context_parallel import LAYOUTS, ring_attention, shard_sequence
+from m11_helpers.launch.base import rank_device
 from m11_helpers.memory import saved_activation_bytes, track_saved_tensors
 from m11_helpers.models import tiny_gpt
 
@@ -61,7 +62,9 @@ def ring_run(batch: int = 1, heads: int = 2, seq_len: int = 64, head_dim: int = 
     """Ring attention, causal and not, contiguous and zigzag: forward/backward vs full attention, work, bytes, memory."""
     r, n = dist.get_rank(), dist.get_world_size()
     g = torch.Generator().manual_seed(seed)
-    q, k, v, do = (torch.randn(batch, heads, seq_len, head_dim, generator=g, dtype=torch.float64) for _ in range(4))
+    dev = rank_device()  # the ring's messages leave from here: this rank's GPU under NCCL
+    q, k, v, do = (torch.randn(batch, heads, seq_len, head_dim, generator=g, dtype=torch.float64).to(dev)
+                   for _ in range(4))  # (B, H, T, D) each
     out = {"rank": r}
     for causal in (False, True):
         full = [t.clone().requires_grad_() for t in (q, k, v)]

@@ -122,6 +122,7 @@ def mlp(sizes: tuple[int, ...] = (16, 64, 64, 4), seed: int = 0) -> nn.Sequentia
 
 def tiny_gpt(seed: int = 0, cfg: TransformerConfig = TINY_GPT, attention: str = "sdpa") -> TinyGPT:
     """The course's tiny GPT, initialised from `seed` (the same weights on every rank)."""
+    # m11: cpu-only - the weights are drawn on the CPU generator (the same on every machine), moved after
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return TinyGPT(cfg, attention)
@@ -250,6 +251,7 @@ class TinyLlama(nn.Module):
 
 def tiny_llama(seed: int = 0, cfg: TransformerConfig = TINY_LLAMA, attention: str = "sdpa") -> TinyLlama:
     """The course's tiny Llama, initialised from `seed` (the same weights on every rank)."""
+    # m11: cpu-only - the weights are drawn on the CPU generator (the same on every machine), moved after
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return TinyLlama(cfg, attention)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from m11_helpers.launch.base import rank_device
 from m11_helpers.validate import positive_int
 
 __all__ = ["send_forward", "recv_forward", "send_backward", "recv_backward", "sum_tied_grad", "p2p_bytes"]
@@ -28,9 +29,10 @@ def send_forward(activations: torch.Tensor, dst: int) -> None:
     dist.send(activations.detach().contiguous(), dst=dst)
 
 
-def recv_forward(shape: tuple[int, ...], src: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def recv_forward(shape: tuple[int, ...], src: int, dtype: torch.dtype = torch.float32,
+                 device: torch.device | None = None) -> torch.Tensor:
     """Receive the previous stage's activations as a leaf tensor whose `.grad` backward will fill."""
-    h = torch.empty(shape, dtype=dtype)
+    h = torch.empty(shape, dtype=dtype, device=device or rank_device())  # NCCL receives into GPU memory only
     dist.recv(h, src=src)
     return h.requires_grad_(True)
 
@@ -40,9 +42,10 @@ def send_backward(grad: torch.Tensor, dst: int) -> None:
     dist.send(grad.contiguous(), dst=dst)
 
 
-def recv_backward(shape: tuple[int, ...], src: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def recv_backward(shape: tuple[int, ...], src: int, dtype: torch.dtype = torch.float32,
+                 device: torch.device | None = None) -> torch.Tensor:
     """Receive the gradient of the activations this stage sent to `src`; the caller waits here (idle)."""
-    g = torch.empty(shape, dtype=dtype)
+    g = torch.empty(shape, dtype=dtype, device=device or rank_device())  # NCCL receives into GPU memory only
     dist.recv(g, src=src)
     return g
 

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from m11_helpers import tensor_parallel as tp
 from m11_helpers.comm_model import busbw
 from m11_helpers.compare import max_diff
+from m11_helpers.launch.base import rank_device
 from m11_helpers.timing import time_it
 from m11_helpers.validate import positive_int
 
@@ -77,8 +78,8 @@ def column_output_demo(seed: int = 0) -> dict:
     from m11_helpers.models import tiny_gpt
 
     rank, world = dist.get_rank(), dist.get_world_size()
-    mlp = tiny_gpt(seed).blocks[0].mlp
-    x = torch.randn(4, 64, generator=torch.Generator().manual_seed(seed))  # (B, C)
+    mlp = tiny_gpt(seed).blocks[0].mlp.to(rank_device())  # drawn on the CPU generator, run on this rank's device
+    x = torch.randn(4, 64, generator=torch.Generator().manual_seed(seed)).to(rank_device())  # (B, C)
     full = mlp.fc(x).detach()  # (B, 4C)
     y_local = tp.ColumnParallelLinear.from_linear(mlp.fc, rank, world)(x).detach()  # (B, 4C/w)
     summed = y_local.clone()

@@ -7,7 +7,8 @@
 Why the median: on a shared machine a few repeats are slowed by other processes; the median ignores
 them, where the mean does not, and unlike the minimum it is not one lucky run. Benchmarks print
 ratios of medians measured side by side in one run (CONTRIBUTING: performance is never asserted in
-tests). On a GPU, pass `sync=torch.cuda.synchronize` so the clock stops when the kernels do.
+tests). On a GPU the kernels run after the call returns, so by default each clock read waits for the
+accelerator first (`synchronize()`, a no-op on a CPU-only process): the clock stops when the kernels do.
 """
 
 from __future__ import annotations
@@ -19,7 +20,22 @@ from typing import Any, Callable
 
 from m11_helpers.validate import non_negative_int, positive_int
 
-__all__ = ["Timing", "time_it", "format_seconds"]
+__all__ = ["Timing", "time_it", "format_seconds", "synchronize"]
+
+
+def synchronize() -> None:
+    """Wait for the accelerator's queued kernels (CUDA or MPS); nothing on CPU.
+
+    Only a process that has initialised the accelerator can have kernels queued on it, and asking
+    (`torch.cuda.is_initialized()`) initialises nothing, so a CPU run, or a kernel about to fork GPU
+    ranks, is untouched.
+    """
+    import torch
+
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+    elif torch.backends.mps.is_available():  # Apple's GPU (asking torch.accelerator could initialise CUDA)
+        torch.mps.synchronize()
 
 
 def format_seconds(s: float) -> str:
@@ -50,8 +66,12 @@ class Timing:
 
 
 def time_it(fn: Callable[[], Any], *, repeats: int = 5, warmup: int = 1,
-            sync: Callable[[], Any] | None = None) -> Timing:
-    """Call `fn()` `warmup` times untimed, then `repeats` times timed; `sync()` before each clock read."""
+            sync: Callable[[], Any] | None = synchronize) -> Timing:
+    """Call `fn()` `warmup` times untimed, then `repeats` times timed; `sync()` before each clock read.
+
+    `sync` defaults to `synchronize` (the accelerator's kernels finish inside the timed interval);
+    pass `sync=None` to time the launch alone.
+    """
     positive_int("repeats", repeats)
     non_negative_int("warmup", warmup)
     if not callable(fn):

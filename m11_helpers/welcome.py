@@ -14,6 +14,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from m11_helpers.data import regression
+from m11_helpers.launch.base import rank_device
 from m11_helpers.models import mlp
 from m11_helpers.validate import positive_int
 
@@ -21,7 +22,7 @@ from m11_helpers.validate import positive_int
 def hello() -> dict:
     """Run on every rank: who am I, and one all-reduce (sum of the ranks' ids)."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    x = torch.tensor([float(rank)])
+    x = torch.tensor([float(rank)], device=rank_device())  # (1,) on this rank's GPU under NCCL
     dist.all_reduce(x)  # default op: SUM, every rank ends with the same value
     return {"rank": rank, "world_size": world, "pid": os.getpid(), "backend": dist.get_backend(),
             "all_reduce_sum": x.item()}

@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from m11_helpers.collectives import backend_all_gather, backend_reduce_scatter
 from m11_helpers.compare import max_diff
+from m11_helpers.launch.base import rank_device
 from m11_helpers.validate import non_negative_real
 
 __all__ = ["ShardedAdamW", "adamw_update", "compare_with_adamw", "zero_redundancy_report",
@@ -64,8 +65,8 @@ class ShardedAdamW:
         flat = self._flat([p.detach() for p in self.params])  # (N·S,)
         # 16-bit model: the slice's fp32 master copy is optimizer state too (the paper's K = 12)
         self.master = flat[start:start + self.shard_size].float().clone() if self.dtype != torch.float32 else None
-        self.exp_avg = torch.zeros(self.shard_size, dtype=torch.float32)  # (S,)
-        self.exp_avg_sq = torch.zeros(self.shard_size, dtype=torch.float32)  # (S,)
+        self.exp_avg = flat.new_zeros(self.shard_size, dtype=torch.float32)  # (S,) on the parameters' device
+        self.exp_avg_sq = flat.new_zeros(self.shard_size, dtype=torch.float32)  # (S,)
         self.step_count = 0
 
     def _flat(self, tensors: list[torch.Tensor]) -> torch.Tensor:
@@ -87,7 +88,7 @@ class ShardedAdamW:
         n, s = self.world_size, self.shard_size
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
         flat_grad = self._flat(grads)  # (N·S,) this rank's local gradient, every slice
-        grad_shard = torch.empty(s, dtype=flat_grad.dtype)  # (S,)
+        grad_shard = flat_grad.new_empty(s)  # (S,) on the gradients' device: NCCL takes no CPU buffer
         backend_reduce_scatter(grad_shard, flat_grad, group=self.group)  # sums; *_single or the older name
         grad_shard = grad_shard.float().div_(n)  # the average, as DDP would have it
         start = self.rank * s
@@ -99,7 +100,7 @@ class ShardedAdamW:
         b1, b2 = self.betas
         adamw_update(param_shard, grad_shard, self.exp_avg, self.exp_avg_sq, self.step_count,
                      self.lr, b1, b2, self.eps, self.weight_decay)
-        full = torch.empty(n * s, dtype=self.dtype)  # (N·S,)
+        full = param_shard.new_empty(n * s, dtype=self.dtype)  # (N·S,)
         backend_all_gather(full, param_shard.to(self.dtype), group=self.group)
         offset = 0
         for p in self.params:  # unflatten: every rank holds the full, updated parameters again
@@ -122,17 +123,18 @@ def compare_with_adamw(steps: int = 3, lr: float = 1e-2, batch: int = 8, seed: i
     def build():
         return tiny_gpt(seed) if sizes is None else mlp(sizes, seed=seed)
 
-    model, ref = build(), build()
+    dev = rank_device()  # this rank's GPU under NCCL
+    model, ref = build().to(dev), build().to(dev)
     opt = ShardedAdamW(model.parameters(), lr=lr)
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=lr, weight_decay=1e-2, foreach=False)
     gen = torch.Generator().manual_seed(seed + 1)
-    if sizes is None:
+    if sizes is None:  # m11: cpu-only - drawn on the CPU generator (the same on every machine), moved to dev below
         data = torch.randint(0, 64, (batch, 32), generator=gen)  # (batch, T)
         loss_fn = lambda m, x: m(x, x)  # noqa: E731 - next-token loss on the tokens themselves
-    else:
+    else:  # m11: cpu-only - as above
         data = torch.randn(batch, sizes[0], generator=gen)  # (batch, d_in)
         loss_fn = lambda m, x: m(x).pow(2).mean()  # noqa: E731
-    local = data.chunk(n)[rank]  # (batch/N, ...) this rank's share
+    local = data.chunk(n)[rank].to(dev)  # (batch/N, ...) this rank's share
     for _ in range(steps):
         loss_fn(model, local).backward()
         opt.step()

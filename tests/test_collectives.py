@@ -19,7 +19,7 @@ from m11_helpers.collectives import (
     ring_chunks,
     ring_reduce_scatter,
 )
-from m11_helpers.launch import launch
+from m11_helpers.launch import launch, rank_device
 
 # ----------------------------------------------------------------------------------------------
 # The cost model (pure functions)
@@ -147,7 +147,7 @@ SIZES = (1, 5, 12, 1000)  # below n, not divisible by n, divisible, larger
 
 
 def _inputs(rank, numel):
-    return torch.randn(numel, generator=torch.Generator().manual_seed(1000 * rank + numel))  # (numel,)
+    return torch.randn(numel, generator=torch.Generator().manual_seed(1000 * rank + numel)).to(rank_device())  # (numel,)
 
 
 def _run_all(sizes):
@@ -165,13 +165,13 @@ def _run_all(sizes):
         dist.all_reduce(ref)
         out[numel] = {"rs": rs, "ag": ag, "ar": ar, "dist_ar": ref, "piped": piped}
         if numel % n == 0:  # the backend's reduce-scatter / all-gather need equal chunks
-            b_rs = torch.empty(numel // n)
+            b_rs = x.new_empty(numel // n)
             backend_reduce_scatter(b_rs, x)
-            b_ag = torch.empty(numel)
+            b_ag = x.new_empty(numel)
             backend_all_gather(b_ag, rs)
             out[numel] |= {"dist_rs": b_rs, "dist_ag": b_ag}
     trace = []
-    ring_all_reduce(torch.zeros(4 * n), trace=trace)
+    ring_all_reduce(torch.zeros(4 * n, device=rank_device()), trace=trace)
     return out, trace
 
 
@@ -206,8 +206,9 @@ def test_ring_collectives_equal_single_process_sums_and_the_backend(n):
 def _sweep_and_guarded_ops():
     # The non-deprecated names must not warn (pytest turns FutureWarning into an error in the ranks too).
     n = dist.get_world_size()
-    backend_reduce_scatter(torch.empty(2), torch.ones(2 * n))
-    backend_all_gather(torch.empty(2 * n), torch.ones(2))
+    dev = rank_device()
+    backend_reduce_scatter(torch.empty(2, device=dev), torch.ones(2 * n, device=dev))
+    backend_all_gather(torch.empty(2 * n, device=dev), torch.ones(2, device=dev))
     return bandwidth_sweep([64, 4096], budget_s=0.01, max_iters=2)
 
 
@@ -242,7 +243,7 @@ def test_hierarchical_all_reduce_equals_one_process_sum_and_crosses_nodes_with_a
 
 def _ring_trace_of_powers_of_two():
     trace = []
-    ring_all_reduce(torch.full((dist.get_world_size(),), 2.0 ** dist.get_rank()), trace=trace)
+    ring_all_reduce(torch.full((dist.get_world_size(),), 2.0 ** dist.get_rank(), device=rank_device()), trace=trace)
     return trace
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -16,9 +17,20 @@ from m11_helpers import environment as environment_module
 from m11_helpers.launch.base import gpu_count
 from m11_helpers.throughput import chip_for
 from m11_helpers.tools import gpu_check
-from m11_helpers.tools.gpu_check import CHECKS, Result, _environment_line, main, report_markdown, run_checks
+from m11_helpers.tools.gpu_check import (
+    CHECKS,
+    Result,
+    _environment_line,
+    _selected,
+    all_checks,
+    main,
+    report_markdown,
+    run_checks,
+)
 from m11_helpers.tools.gpu_check.checks import Check, datasheet_chip
 from support import gpu_checks as fake
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_list_names_every_check(capsys):
@@ -26,8 +38,34 @@ def test_list_names_every_check(capsys):
     out = capsys.readouterr().out
     assert all(c.name in out and c.what in out for c in CHECKS)
     names = {c.name for c in CHECKS}
-    assert {"nccl-launch", "matmul", "train-step", "sdpa", "fp16-scaler", "fsdp2", "train-script", "dcp",
-            "notebooks"} <= names
+    assert {"nccl-launch", "matmul", "train-step", "sdpa", "fp16-scaler", "fsdp2", "train-script", "dcp"} <= names
+    lessons = sorted(p.name[:2] for p in (ROOT / "course").glob("[0-9][0-9]_*.ipynb"))
+    assert len(lessons) >= 13  # inside the repository: one nbval and one grading line per lesson
+    for n in lessons:
+        assert f"nbval-{n}" in out and f"grade-{n}" in out
+    assert "groups: notebooks, grading" in out
+
+
+def test_only_selects_a_lesson_or_a_group_and_refuses_unknown_names(capsys):
+    checks = all_checks(ROOT)
+    pick = lambda *names: [c.name for c in checks if _selected(c, list(names))]  # noqa: E731
+    assert pick("grade-05", "matmul") == ["matmul", "grade-05"]
+    assert pick("notebooks") == [c.name for c in checks if c.name.startswith("nbval-")]
+    assert len(pick("grading")) == len(pick("notebooks")) >= 13
+    assert all(c.run.keywords["notebook"].startswith(c.name.split("-")[1]) for c in checks if "-" in c.name
+               and c.name.split("-")[1].isdigit())  # each check runs its own lesson's notebook
+    with pytest.raises(SystemExit):
+        main(["--only", "grade-99"])
+    assert "grade-99: no such check" in capsys.readouterr().err
+    assert all_checks(None) == CHECKS  # outside the repository: the machine's checks only
+
+
+@pytest.mark.skipif(gpu_count() == 0, reason="needs a visible CUDA GPU: nbval-00 and grade-00 run the course's ranks "
+                    "on it (`m11 gpu-check --only notebooks` / `grading` on a GPU box)")
+def test_real_course_runs_on_a_gpu_give_one_line_each_with_full_marks():
+    results = run_checks(["nbval-00", "grade-00"], budget_s=600, repo=ROOT, echo=False)
+    assert [(r.name, r.status) for r in results] == [("nbval-00", "passed"), ("grade-00", "passed")], results
+    assert "points in" in results[1].figure and results[1].seconds > 0
 
 
 # gpu_count(), not torch.cuda.is_available(): that initialises the CUDA driver in this process (launches after it fail)

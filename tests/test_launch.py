@@ -9,7 +9,15 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from m11_helpers.launch import LaunchError, LaunchTimeout, accelerate_command, launch, launch_plan, launch_script
+from m11_helpers.launch import (
+    LaunchError,
+    LaunchTimeout,
+    accelerate_command,
+    launch,
+    launch_plan,
+    launch_script,
+    rank_device,
+)
 from m11_helpers.launch.watch import DRAIN_S, _drain
 
 
@@ -33,7 +41,7 @@ TIMEOUT = 60
 
 
 def _whoami(offset):
-    x = torch.tensor([float(dist.get_rank())])
+    x = torch.tensor([float(dist.get_rank())], device=rank_device())
     dist.all_reduce(x)
     return dist.get_rank(), dist.get_world_size(), os.getpid(), x.item() + offset
 
@@ -52,10 +60,20 @@ def test_accelerator_inside_sees_multi_cpu_and_every_rank():
         from accelerate.utils import DistributedType
 
         acc = Accelerator()
-        total = acc.reduce(torch.tensor([1.0]), "sum").item()
+        total = acc.reduce(torch.tensor([1.0], device=acc.device), "sum").item()
         return acc.distributed_type == DistributedType.MULTI_CPU, acc.num_processes, total
 
     assert launch(fn, num_processes=3) == [(True, 3, 3.0)] * 3
+
+
+def _cpu_buffer():
+    dist.all_reduce(torch.zeros(1))  # gloo takes it; NCCL would not
+
+
+def test_a_checked_rank_rejects_a_buffer_made_without_a_device(monkeypatch):
+    monkeypatch.setenv("M11_DEVICE_CHECK", "1")  # what M11_STRICT=1 (make test) turns on in every rank
+    with pytest.raises(LaunchError, match=r"(?s)DeviceError.*test_launch.py:\d+.*No backend type associated"):
+        launch(_cpu_buffer, num_processes=2, show_output=False)
 
 
 def test_output_is_prefixed_and_in_rank_order(capsys):
@@ -217,7 +235,7 @@ import sys, torch
 from accelerate import Accelerator
 from m11_helpers.launch import report
 acc = Accelerator()
-total = acc.reduce(torch.tensor([acc.process_index + 1.0]), "sum").item()
+total = acc.reduce(torch.tensor([acc.process_index + 1.0], device=acc.device), "sum").item()
 if acc.is_main_process:
     print("total", total)
 if sys.argv[1:] == ["--fail"] and acc.process_index == 1:

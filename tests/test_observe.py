@@ -11,20 +11,21 @@ import torch.nn.functional as F
 from torch.distributed import isend as imported_isend  # an alias bound before recording starts
 
 from m11_helpers.grading.observe import ForbiddenCall, forbid, record_comm, record_overlap
-from m11_helpers.launch import launch
+from m11_helpers.launch import launch, rank_device
 
 
 def _ring_step_and_collectives():
     rank, n = dist.get_rank(), dist.get_world_size()
+    dev = rank_device()  # NCCL takes no CPU buffer
     with record_comm() as log:
-        t = torch.ones(4)
+        t = torch.ones(4, device=dev)
         dist.all_reduce(t)
-        req = imported_isend(torch.ones(3), (rank + 1) % n)
-        buf = torch.zeros(3)
+        req = imported_isend(torch.ones(3, device=dev), (rank + 1) % n)
+        buf = torch.zeros(3, device=dev)
         dist.recv(buf, (rank - 1) % n)
         req.wait()
-        out = torch.zeros(4 * n)
-        dist.all_gather_single(out, torch.ones(4))
+        out = torch.zeros(4 * n, device=dev)
+        dist.all_gather_single(out, torch.ones(4, device=dev))
     return log
 
 

@@ -23,7 +23,7 @@ from packaging.requirements import Requirement
 from packaging.version import Version
 from torch.distributed.tensor import distribute_tensor
 
-from m11_helpers.launch import launch
+from m11_helpers.launch import launch, rank_device
 
 try:
     import tomllib
@@ -94,10 +94,10 @@ def _collectives_without_single() -> tuple[torch.Tensor, torch.Tensor]:
     warnings.filterwarnings("ignore", r".*(reduce_scatter_tensor|all_gather_into_tensor).*deprecated", FutureWarning)
     assert not hasattr(dist, "reduce_scatter_single")
     rank, n = dist.get_rank(), dist.get_world_size()
-    full = torch.arange(4 * n, dtype=torch.float32) * (rank + 1)  # (4N,)
-    shard = torch.empty(4)  # (4,)
+    full = torch.arange(4 * n, dtype=torch.float32, device=rank_device()) * (rank + 1)  # (4N,)
+    shard = full.new_empty(4)  # (4,)
     backend_reduce_scatter(shard, full)
-    gathered = torch.empty(4 * n)  # (4N,)
+    gathered = full.new_empty(4 * n)  # (4N,)
     backend_all_gather(gathered, shard)
     return shard, gathered
 

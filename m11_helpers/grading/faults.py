@@ -51,8 +51,10 @@ def _message(nbytes: int):
     import torch
     import torch.distributed as dist
 
-    n = max(1, nbytes // 4)
-    return torch.arange(n, dtype=torch.float32) + 1e6 * dist.get_rank()  # (nbytes/4,) distinct per rank
+    from m11_helpers.launch.base import rank_device
+
+    n = max(1, nbytes // 4)  # on the rank's device: NCCL sends no CPU tensor
+    return torch.arange(n, dtype=torch.float32, device=rank_device()) + 1e6 * dist.get_rank()  # (nbytes/4,)
 
 
 def _with_message(fn: Callable, nbytes: int, args: tuple, kwargs: dict):

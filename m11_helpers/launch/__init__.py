@@ -16,11 +16,21 @@ every rank when the caller ends, however it ends (script.py says why and how), a
 the ranks `report()` (results.py).
 """
 
-from m11_helpers.launch.base import LaunchError, LaunchPlan, LaunchTimeout, launch_plan
+import os as _os
+
+from m11_helpers.launch.base import LaunchError, LaunchPlan, LaunchTimeout, launch_plan, rank_device
 from m11_helpers.launch.command import accelerate_command
 from m11_helpers.launch.fork import launch
 from m11_helpers.launch.results import RESULTS_ENV, report
 from m11_helpers.launch.script import ScriptRun, launch_script
 
+if _os.environ.get(RESULTS_ENV) and "LOCAL_RANK" in _os.environ \
+        and "1" in (_os.environ.get("M11_STRICT"), _os.environ.get("M11_DEVICE_CHECK")):
+    # A rank of a script under launch_script in the suite's strict mode: check its buffers' devices
+    # as launch() checks a forked rank's (m11_helpers.device_check). Scripts import report() from here.
+    from m11_helpers import device_check as _device_check
+
+    _device_check.install()
+
 __all__ = ["LaunchError", "LaunchTimeout", "LaunchPlan", "ScriptRun", "accelerate_command", "launch",
-           "launch_script", "launch_plan", "report", "RESULTS_ENV"]
+           "launch_script", "launch_plan", "rank_device", "report", "RESULTS_ENV"]

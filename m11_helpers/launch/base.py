@@ -43,6 +43,21 @@ class LaunchPlan:
         return f"{self.num_processes} processes, {self.backend} backend, {where}"
 
 
+def rank_device():
+    """The device this rank's tensors belong on: its GPU under NCCL, else the CPU (what `launch` set up).
+
+    Inside a rank, a buffer that a collective touches is made on the data's device (`x.new_empty`,
+    `device=x.device`) or, where there is no data yet (a flag, a counter), on this one: NCCL rejects
+    CPU tensors ("No backend type associated with device type cpu"), gloo takes both.
+    """
+    import torch
+    import torch.distributed as dist
+
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def _cpu_limit() -> int:
     # Oversubscribing cores works (the course runs 4 ranks on 2 cores) but far past that every
     # rank just waits for a core: refuse rather than crawl.

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import faulthandler
 import gc
+import io
 import os
 import pickle
 import signal
@@ -114,11 +115,15 @@ def _rank_main(fn, args, kwargs, rank: int, p: LaunchPlan, port: int, timeout: f
         store = dist.TCPStore("127.0.0.1", port, None, False, timedelta(seconds=timeout))
         dist.init_process_group(p.backend, store=store, rank=rank, world_size=p.num_processes,
                                 timeout=timedelta(seconds=timeout))
+        from m11_helpers import device_check
+
+        if device_check.enabled():  # the suite's strict mode: a buffer NCCL would reject fails here too
+            device_check.install()
         box: list[Any] = []
         # Accelerate's own launch wrapper sets the environment exactly as notebook_launcher does.
         PrepareForLaunch(lambda: box.append(fn(*args, **kwargs)),
                          "MULTI_GPU" if p.device == "cuda" else "MULTI_CPU")(rank)
-        payload = pickle.dumps(box[0])
+        payload = _dumps(box[0])
         sys.stdout.flush(), sys.stderr.flush()
         _send(result_fd, "ok", payload)
         # Stay up until every rank has reported: a rank that leaves early can break peers still
@@ -138,6 +143,24 @@ def _rank_main(fn, args, kwargs, rank: int, p: LaunchPlan, port: int, timeout: f
         with contextlib.suppress(BaseException):
             kill_descendants()  # nothing this rank started outlives it (a process group misses setsid children)
         os._exit(status)
+
+
+class _CpuPickler(pickle.Pickler):
+    """Pickles GPU tensors as CPU copies: unpickling a CUDA tensor would initialise CUDA in the caller,
+    after which no later launch() could fork GPU ranks. A rank's result comes back on the CPU."""
+
+    def reducer_override(self, obj):
+        import torch
+
+        if isinstance(obj, torch.Tensor) and obj.device.type not in ("cpu", "meta"):
+            return obj.detach().cpu().__reduce_ex__(pickle.DEFAULT_PROTOCOL)
+        return NotImplemented
+
+
+def _dumps(value: Any) -> bytes:
+    buf = io.BytesIO()
+    _CpuPickler(buf).dump(value)
+    return buf.getvalue()
 
 
 def _user_traceback(exc: BaseException) -> str:
@@ -165,7 +188,8 @@ def launch(
 
     Inside `fn`, `torch.distributed` is initialised (gloo on CPU, NCCL with one GPU per process) and
     `accelerate.Accelerator()` works as under `accelerate launch`. Each rank's printed output is shown
-    afterwards, prefixed with its rank, in rank order (so a notebook's output is deterministic).
+    afterwards, prefixed with its rank, in rank order (so a notebook's output is deterministic). Results
+    come back on the CPU (a GPU tensor as its CPU copy: the caller never initialises CUDA by reading one).
     Raises `LaunchError` naming the failing rank(s) with their tracebacks, `LaunchTimeout` when a
     rank has not finished after `timeout` seconds, or, with `stall_timeout`, when the ranks still running
     sat idle (almost no CPU) for that many seconds (a deadlock: each waits on another); either way no process

@@ -58,6 +58,7 @@ from m11_helpers.procs import exit_on_failure
 from m11_helpers.sharded_checkpoint import Checkpointer, weights_checksum
 from m11_helpers.spike_guard import SpikeGuard, inject, next_batch, parse_batches, skip_window
 from m11_helpers.throughput import device_peak, step_throughput
+from m11_helpers.timing import synchronize
 from m11_helpers.validate import non_negative_int, positive_int, positive_real
 
 
@@ -251,6 +252,7 @@ def main(argv=None, observer=None) -> dict:
         opt.zero_grad(set_to_none=True)
         guard.accept(loss)
         progress.update(step=step + 1, cursor=batch + 1)
+        synchronize()  # the step's kernels have finished (a no-op on CPU)
         seconds = time.perf_counter() - t0
         rate = step_throughput(args.batch * T, seconds, TINY_GPT, world, peak, "full" if args.ac else "none")
         record = {"step": step, "batch": batch, "loss": loss, "grad_norm": grad_norm, "lr": lr, "seconds": seconds,

@@ -164,7 +164,7 @@ for step, (xb, yb) in batches():
         if acc.is_main_process:
             print(f"spot notice received: checkpoint written at step {step}, exiting")
         break
-    x = xb + 0.05 * torch.randn(local, x_all.shape[1])  # (B/N, 16): noise from this rank's RNG
+    x = xb + 0.05 * torch.randn(local, x_all.shape[1], device=xb.device)  # (B/N, 16): noise from this rank's RNG
     loss = torch.nn.functional.mse_loss(model(x), yb)
     acc.backward(loss)
     opt.step()
@@ -181,7 +181,7 @@ for step, (xb, yb) in batches():
         os.kill(os.getpid(), signal.SIGKILL)  # the machine is gone: no handler, no checkpoint
     if step == args.preempt_at and acc.is_main_process and not args.resume:
         os.kill(os.getppid(), signal.SIGTERM)  # to the launcher (torchrun agent), which forwards it to all ranks
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 20  # m11: cpu-only - a wait for a signal, not a timing
         while not notice.received and time.monotonic() < deadline:  # wait for it to come back round
             time.sleep(0.01)
 

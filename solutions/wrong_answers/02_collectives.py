@@ -71,7 +71,7 @@ def my_ring_reduce_scatter(x: torch.Tensor) -> torch.Tensor:
 
 # %% 2.1 | delegates to the backend's reduce-scatter | expect: yourself
 def my_ring_reduce_scatter(x: torch.Tensor) -> torch.Tensor:
-    out = torch.empty(x.numel() // dist.get_world_size())
+    out = x.new_empty(x.numel() // dist.get_world_size())
     dist.reduce_scatter_single(out, x.clone())
     return out
 
@@ -89,7 +89,7 @@ def my_ring_reduce_scatter(x: torch.Tensor) -> torch.Tensor:
 # %% 2.2 | direct exchange: sends its chunk straight to every rank | expect: right-hand neighbour
 def my_ring_all_gather(chunk: torch.Tensor) -> torch.Tensor:
     rank, n = dist.get_rank(), dist.get_world_size()
-    out = torch.empty(n * chunk.numel(), dtype=chunk.dtype)
+    out = chunk.new_empty(n * chunk.numel())
     parts = list(out.chunk(n))
     parts[rank].copy_(chunk)
     reqs = [dist.isend(parts[rank], j) for j in range(n) if j != rank]
@@ -103,7 +103,7 @@ def my_ring_all_gather(chunk: torch.Tensor) -> torch.Tensor:
 # %% 2.2 | a blocking send before the receive on every rank | expect: deadlock
 def my_ring_all_gather(chunk: torch.Tensor) -> torch.Tensor:
     rank, n = dist.get_rank(), dist.get_world_size()
-    out = torch.empty(n * chunk.numel(), dtype=chunk.dtype)
+    out = chunk.new_empty(n * chunk.numel())
     parts = list(out.chunk(n))
     parts[rank].copy_(chunk)
     right, left = (rank + 1) % n, (rank - 1) % n
@@ -129,7 +129,7 @@ def my_ring_all_gather(chunk: torch.Tensor) -> torch.Tensor:
 # %% 2.2 | forwards its own chunk at every step instead of the one that arrived | expect: pass on the chunk that arrived
 def my_ring_all_gather(chunk: torch.Tensor) -> torch.Tensor:
     rank, n = dist.get_rank(), dist.get_world_size()
-    out = torch.empty(n * chunk.numel(), dtype=chunk.dtype)
+    out = chunk.new_empty(n * chunk.numel())
     parts = list(out.chunk(n))
     parts[rank].copy_(chunk)
     right, left = (rank + 1) % n, (rank - 1) % n
@@ -141,14 +141,14 @@ def my_ring_all_gather(chunk: torch.Tensor) -> torch.Tensor:
 
 # %% 2.2 | delegates to the backend's all-gather | expect: yourself
 def my_ring_all_gather(chunk: torch.Tensor) -> torch.Tensor:
-    out = torch.empty(dist.get_world_size() * chunk.numel())
+    out = chunk.new_empty(dist.get_world_size() * chunk.numel())
     dist.all_gather_single(out, chunk)
     return out
 
 # %% 2.2 | calls the ring steps of the course's module (collectives._all_gather_) | expect: yourself
 def my_ring_all_gather(chunk: torch.Tensor) -> torch.Tensor:
     rank, n = dist.get_rank(), dist.get_world_size()
-    out = torch.empty(n * chunk.numel(), dtype=chunk.dtype)
+    out = chunk.new_empty(n * chunk.numel())
     parts = list(out.chunk(n))
     parts[rank].copy_(chunk)
     course._all_gather_(parts, None)
@@ -224,7 +224,7 @@ def hierarchical_all_reduce(x: torch.Tensor, node_group, rail_group) -> torch.Te
 # %% 2.4 | the groups swapped: reduce-scatter across nodes, all-reduce inside the node | expect: only the shard crosses nodes
 def hierarchical_all_reduce(x: torch.Tensor, node_group, rail_group) -> torch.Tensor:
     g = dist.get_world_size(rail_group)
-    shard = torch.empty(x.numel() // g, dtype=x.dtype)
+    shard = x.new_empty(x.numel() // g)
     backend_reduce_scatter(shard, x, group=rail_group)
     dist.all_reduce(shard, group=node_group)
     out = torch.empty_like(x)
@@ -234,7 +234,7 @@ def hierarchical_all_reduce(x: torch.Tensor, node_group, rail_group) -> torch.Te
 # %% 2.4 | all-reduces the shard inside the node instead of along the rail | expect: over the rail group
 def hierarchical_all_reduce(x: torch.Tensor, node_group, rail_group) -> torch.Tensor:
     g = dist.get_world_size(node_group)
-    shard = torch.empty(x.numel() // g, dtype=x.dtype)
+    shard = x.new_empty(x.numel() // g)
     backend_reduce_scatter(shard, x, group=node_group)
     dist.all_reduce(shard, group=node_group)
     out = torch.empty_like(x)
@@ -244,7 +244,7 @@ def hierarchical_all_reduce(x: torch.Tensor, node_group, rail_group) -> torch.Te
 # %% 2.4 | gathers the result into the caller's x | expect: changed the caller's tensor
 def hierarchical_all_reduce(x: torch.Tensor, node_group, rail_group) -> torch.Tensor:
     g = dist.get_world_size(node_group)
-    shard = torch.empty(x.numel() // g, dtype=x.dtype)
+    shard = x.new_empty(x.numel() // g)
     backend_reduce_scatter(shard, x, group=node_group)
     dist.all_reduce(shard, group=rail_group)
     backend_all_gather(x, shard, group=node_group)
@@ -253,3 +253,27 @@ def hierarchical_all_reduce(x: torch.Tensor, node_group, rail_group) -> torch.Te
 # %% 2.4 | calls the course's hierarchical_all_reduce | expect: yourself
 def hierarchical_all_reduce(x: torch.Tensor, node_group, rail_group) -> torch.Tensor:
     return course.hierarchical_all_reduce(x, node_group, rail_group)
+
+# %% 2.2 | makes the output with torch.empty: a CPU buffer, which NCCL rejects on GPUs | expect: No backend type associated with device type cpu
+def my_ring_all_gather(chunk: torch.Tensor) -> torch.Tensor:
+    rank, n = dist.get_rank(), dist.get_world_size()
+    out = torch.empty(n * chunk.numel(), dtype=chunk.dtype)
+    parts = list(out.chunk(n))
+    parts[rank].copy_(chunk)
+    right, left = (rank + 1) % n, (rank - 1) % n
+    for step in range(n - 1):
+        send_idx, recv_idx = (rank - step) % n, (rank - step - 1) % n
+        req = dist.isend(parts[send_idx], right)
+        dist.recv(parts[recv_idx], left)
+        req.wait()
+    return out
+
+# %% 2.4 | makes the shard with torch.empty: a CPU buffer, which NCCL rejects on GPUs | expect: No backend type associated with device type cpu
+def hierarchical_all_reduce(x: torch.Tensor, node_group, rail_group) -> torch.Tensor:
+    g = dist.get_world_size(node_group)
+    shard = torch.empty(x.numel() // g, dtype=x.dtype)
+    backend_reduce_scatter(shard, x, group=node_group)
+    dist.all_reduce(shard, group=rail_group)
+    out = torch.empty_like(x)
+    backend_all_gather(out, shard, group=node_group)
+    return out

@@ -93,7 +93,7 @@ from m11_helpers.zero_optimizer import adamw_update
 def zero1_step(flat_param, flat_grad, exp_avg, exp_avg_sq, step, lr=1e-2):
     rank, n = dist.get_rank(), dist.get_world_size()
     s = flat_param.numel() // n
-    grad = torch.empty(s)
+    grad = flat_grad.new_empty(s)
     backend_reduce_scatter(grad, flat_grad.contiguous())
     shard = flat_param[rank * s:(rank + 1) * s].clone()
     adamw_update(shard, grad, exp_avg, exp_avg_sq, step, lr, 0.9, 0.999, 1e-8, 1e-2)
@@ -108,7 +108,7 @@ from m11_helpers.zero_optimizer import adamw_update
 def zero1_step(flat_param, flat_grad, exp_avg, exp_avg_sq, step, lr=1e-2):
     rank, n = dist.get_rank(), dist.get_world_size()
     s = flat_param.numel() // n
-    grad = torch.empty(s)
+    grad = flat_grad.new_empty(s)
     backend_reduce_scatter(grad, flat_grad.contiguous())
     grad /= n
     full = flat_param.clone()
@@ -131,7 +131,7 @@ def zero1_step(flat_param, flat_grad, exp_avg, exp_avg_sq, step, lr=1e-2):
 
 # %% 5.4 | keeps the gathered weights for backward (no second all-gather) | expect: gather them again in backward
 def gather_layer(shard, out_features, in_features):
-    full = torch.empty(dist.get_world_size() * shard.numel(), dtype=shard.dtype)
+    full = shard.new_empty(dist.get_world_size() * shard.numel())
     backend_all_gather(full, shard)
     return full[:out_features * in_features].view(out_features, in_features), \
         full[out_features * in_features:out_features * (in_features + 1)]
@@ -156,7 +156,7 @@ class ZeRO3Linear(torch.autograd.Function):
 
 # %% 5.4 | forgets to divide the reduce-scattered gradient by N | expect: divide by the world size
 def gather_layer(shard, out_features, in_features):
-    full = torch.empty(dist.get_world_size() * shard.numel(), dtype=shard.dtype)
+    full = shard.new_empty(dist.get_world_size() * shard.numel())
     backend_all_gather(full, shard)
     return full[:out_features * in_features].view(out_features, in_features), \
         full[out_features * in_features:out_features * (in_features + 1)]
@@ -183,7 +183,7 @@ class ZeRO3Linear(torch.autograd.Function):
 
 # %% 5.4 | all-reduces the full gradient, then keeps its own slice | expect: reduce-scatter the parameters' gradient
 def gather_layer(shard, out_features, in_features):
-    full = torch.empty(dist.get_world_size() * shard.numel(), dtype=shard.dtype)
+    full = shard.new_empty(dist.get_world_size() * shard.numel())
     backend_all_gather(full, shard)
     return full[:out_features * in_features].view(out_features, in_features), \
         full[out_features * in_features:out_features * (in_features + 1)]
@@ -214,7 +214,7 @@ _buffers = {}
 def gather_layer(shard, out_features, in_features):
     key = shard.data_ptr()  # one buffer per layer, allocated once, reused in backward and in the next step
     if key not in _buffers:
-        _buffers[key] = torch.empty(dist.get_world_size() * shard.numel(), dtype=shard.dtype)
+        _buffers[key] = shard.new_empty(dist.get_world_size() * shard.numel())
     full = _buffers[key]
     backend_all_gather(full, shard)
     return full[:out_features * in_features].view(out_features, in_features), \
@@ -245,6 +245,49 @@ def gather_layer(shard, out_features, in_features):
     chunks = [torch.empty_like(shard) for _ in range(dist.get_world_size())]
     dist.all_gather(chunks, shard)
     full = torch.cat(chunks)  # a second full copy while the chunks are still alive
+    return full[:out_features * in_features].view(out_features, in_features), \
+        full[out_features * in_features:out_features * (in_features + 1)]
+
+
+class ZeRO3Linear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, shard, out_features, in_features):
+        ctx.save_for_backward(x, shard)
+        ctx.shape = (out_features, in_features)
+        w, b = gather_layer(shard, out_features, in_features)
+        return torch.addmm(b, x, w.t())
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        x, shard = ctx.saved_tensors
+        w, _ = gather_layer(shard, *ctx.shape)
+        n = dist.get_world_size()
+        flat = torch.cat([(grad_y.t() @ x).reshape(-1), grad_y.sum(0)])
+        flat = F.pad(flat, (0, n * shard.numel() - flat.numel()))
+        grad_shard = torch.empty_like(shard)
+        backend_reduce_scatter(grad_shard, flat)
+        return grad_y @ w, grad_shard / n, None, None
+
+# %% 5.3 | makes the gradient slice with torch.empty: a CPU buffer, which NCCL rejects on GPUs | expect: No backend type associated with device type cpu
+from m11_helpers.zero_optimizer import adamw_update
+
+
+def zero1_step(flat_param, flat_grad, exp_avg, exp_avg_sq, step, lr=1e-2):
+    rank, n = dist.get_rank(), dist.get_world_size()
+    s = flat_param.numel() // n
+    grad = torch.empty(s, dtype=flat_grad.dtype)
+    backend_reduce_scatter(grad, flat_grad.contiguous())
+    grad /= n
+    shard = flat_param[rank * s:(rank + 1) * s].clone()
+    adamw_update(shard, grad, exp_avg, exp_avg_sq, step, lr, 0.9, 0.999, 1e-8, 1e-2)
+    full = torch.empty_like(flat_param)
+    backend_all_gather(full, shard)
+    return full
+
+# %% 5.4 | gather_layer makes its output with torch.empty: a CPU buffer, which NCCL rejects on GPUs | expect: No backend type associated with device type cpu
+def gather_layer(shard, out_features, in_features):
+    full = torch.empty(dist.get_world_size() * shard.numel(), dtype=shard.dtype)
+    backend_all_gather(full, shard)
     return full[:out_features * in_features].view(out_features, in_features), \
         full[out_features * in_features:out_features * (in_features + 1)]
 

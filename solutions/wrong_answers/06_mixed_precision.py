@@ -224,10 +224,10 @@ def sharded_clip_(local_params, max_norm):
     import torch.distributed as dist
     grads = [p.grad for p in local_params if p.grad is not None]
     flat = torch.cat([g.flatten() for g in grads])
-    sizes = [torch.zeros(1, dtype=torch.long) for _ in range(dist.get_world_size())]
-    dist.all_gather(sizes, torch.tensor([flat.numel()]))
+    sizes = [flat.new_zeros(1, dtype=torch.long) for _ in range(dist.get_world_size())]
+    dist.all_gather(sizes, flat.new_tensor([flat.numel()], dtype=torch.long))
     longest = int(max(sizes))
-    parts = [torch.zeros(longest) for _ in sizes]
+    parts = [flat.new_zeros(longest) for _ in sizes]
     dist.all_gather(parts, F.pad(flat, (0, longest - flat.numel())))  # zero padding leaves the norm alone
     total = torch.linalg.vector_norm(torch.cat(parts))
     coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
@@ -239,7 +239,7 @@ def sharded_clip_(local_params, max_norm):
 def sharded_clip_(local_params, max_norm):
     import torch.distributed as dist
     grads = [p.grad for p in local_params if p.grad is not None]
-    sq = torch.zeros(())
+    sq = grads[0].new_zeros(())
     for g in grads:
         s = g.pow(2).sum()
         dist.all_reduce(s)

@@ -195,7 +195,7 @@ class Recompute(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, block):
         ctx.block = block
-        ctx.rng = torch.get_rng_state()
+        ctx.rng = rng_state(python_numpy=False)
         ctx.save_for_backward(x)
         return block(x)
 
@@ -203,8 +203,8 @@ class Recompute(torch.autograd.Function):
     def backward(ctx, grad_y):
         (x,) = ctx.saved_tensors
         x.retain_grad()
-        with torch.random.fork_rng(devices=[]), torch.enable_grad():
-            torch.set_rng_state(ctx.rng)
+        with fork_rng(), torch.enable_grad():
+            set_rng_state(ctx.rng)
             y = ctx.block(x)
         torch.autograd.backward(y, grad_y)
         return x.grad, None
@@ -228,15 +228,15 @@ class Recompute(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, block):
         ctx.block = block
-        ctx.rng = torch.get_rng_state()
+        ctx.rng = rng_state(python_numpy=False)
         ctx.save_for_backward(x)
         return block(x)
 
     @staticmethod
     def backward(ctx, grad_y):
         (x,) = ctx.saved_tensors
-        with torch.random.fork_rng(devices=[]), torch.enable_grad():
-            torch.set_rng_state(ctx.rng)
+        with fork_rng(), torch.enable_grad():
+            set_rng_state(ctx.rng)
             y = ctx.block(x.detach())
         torch.autograd.backward(y, grad_y)
         return None, None

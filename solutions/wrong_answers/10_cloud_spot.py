@@ -178,23 +178,23 @@ def restore(state, model, opt):
 
 # %% 10.4 | saves the weights only (a fresh AdamW) | expect: AdamW's exp_avg
 def capture(model, opt, step):
-    return {"model": model.state_dict(), "rng": torch.get_rng_state(), "step": step}
+    return {"model": model.state_dict(), "rng": rng_state(), "step": step}
 
 
 def restore(state, model, opt):
     model.load_state_dict(state["model"])
-    torch.set_rng_state(state["rng"])
+    set_rng_state(state["rng"])
     return state["step"]
 
 # %% 10.4 | restore returns the last step done (off by one) | expect: the next step to run
 def capture(model, opt, step):
-    return {"model": model.state_dict(), "opt": opt.state_dict(), "rng": torch.get_rng_state(), "step": step}
+    return {"model": model.state_dict(), "opt": opt.state_dict(), "rng": rng_state(), "step": step}
 
 
 def restore(state, model, opt):
     model.load_state_dict(state["model"])
     opt.load_state_dict(state["opt"])
-    torch.set_rng_state(state["rng"])
+    set_rng_state(state["rng"])
     return state["step"] - 1
 
 # %% 10.5 | each rank stops on its own notice (no agreement) | expect: the ranks hung
@@ -213,7 +213,7 @@ def run_until_preempted(train_step, num_steps, save):
     notice = {"received": False}
     signal.signal(signal.SIGTERM, lambda signum, frame: notice.update(received=True))
     for step in range(num_steps):
-        flag = torch.tensor([1.0 if notice["received"] else 0.0])
+        flag = torch.tensor([1.0 if notice["received"] else 0.0], device=rank_device())
         dist.all_reduce(flag, op=dist.ReduceOp.MIN)
         if flag.item() > 0:
             save(step)
@@ -226,7 +226,7 @@ def run_until_preempted(train_step, num_steps, save):
     notice = {"received": False}
     signal.signal(signal.SIGTERM, lambda signum, frame: notice.update(received=True))
     for step in range(num_steps):
-        flag = torch.tensor([1.0 if notice["received"] else 0.0])
+        flag = torch.tensor([1.0 if notice["received"] else 0.0], device=rank_device())
         dist.all_reduce(flag)
         if flag.item() == 1.0:
             save(step)
@@ -245,7 +245,7 @@ def run_until_preempted(train_step, num_steps, save):
     signal.signal(signal.SIGTERM, on_sigterm)
     for step in range(num_steps):
         state["step"] = step
-        flag = torch.tensor([1.0 if state["received"] else 0.0])
+        flag = torch.tensor([1.0 if state["received"] else 0.0], device=rank_device())
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         if flag.item() > 0:
             save(step)
@@ -259,7 +259,7 @@ def run_until_preempted(train_step, num_steps, save):
     signal.signal(signal.SIGTERM, lambda signum, frame: notice.update(received=True))
     for step in range(num_steps):
         if step % 4 == 0:
-            flag = torch.tensor([1.0 if notice["received"] else 0.0])
+            flag = torch.tensor([1.0 if notice["received"] else 0.0], device=rank_device())
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
             if flag.item() > 0:
                 save(step)
@@ -272,6 +272,23 @@ def run_until_preempted(train_step, num_steps, save):
     notice = PreemptionNotice()
     for step in range(num_steps):
         if notice.agreed():
+            save(step)
+            return step
+        train_step(step)
+    return num_steps
+
+# %% 10.5 | makes the flag with torch.tensor and no device: a CPU buffer, which NCCL rejects on GPUs | expect: No backend type associated with device type cpu
+def run_until_preempted(train_step, num_steps, save):
+    notice = {"received": False}
+
+    def on_sigterm(signum, frame):
+        notice["received"] = True
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    for step in range(num_steps):
+        flag = torch.tensor([1.0 if notice["received"] else 0.0])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if flag.item() > 0:
             save(step)
             return step
         train_step(step)

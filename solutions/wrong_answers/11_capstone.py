@@ -3,7 +3,7 @@
 # %% 11.1 | forgets to divide each micro-batch's loss by K | expect: divide each micro-batch's loss by K
 def train_step(model, micro_batches, max_norm):
     K = len(micro_batches)
-    total = torch.zeros(())
+    total = torch.zeros((), device=micro_batches[0][0].device)
     for k, (x, y) in enumerate(micro_batches):
         last = k == K - 1
         if hasattr(model, "set_requires_gradient_sync"):
@@ -23,7 +23,7 @@ def train_step(model, micro_batches, max_norm):
 # %% 11.1 | reduces the gradients after every micro-batch (no set_requires_gradient_sync / no_sync) | expect: only after the last micro-batch
 def train_step(model, micro_batches, max_norm):
     K = len(micro_batches)
-    total = torch.zeros(())
+    total = torch.zeros((), device=micro_batches[0][0].device)
     for x, y in micro_batches:
         loss = F.cross_entropy(model(x).float().flatten(0, 1), y.flatten()) / K
         loss.backward()
@@ -55,7 +55,7 @@ def train_step(model, micro_batches, max_norm):
 # %% 11.1 | clips with the norm of this rank's own gradient shards | expect: over every rank's shards
 def train_step(model, micro_batches, max_norm):
     K = len(micro_batches)
-    total = torch.zeros(())
+    total = torch.zeros((), device=micro_batches[0][0].device)
     for k, (x, y) in enumerate(micro_batches):
         last = k == K - 1
         if hasattr(model, "set_requires_gradient_sync"):
@@ -78,7 +78,7 @@ def train_step(model, micro_batches, max_norm):
 # %% 11.1 | returns the norm after clipping | expect: before clipping
 def train_step(model, micro_batches, max_norm):
     K = len(micro_batches)
-    total = torch.zeros(())
+    total = torch.zeros((), device=micro_batches[0][0].device)
     for k, (x, y) in enumerate(micro_batches):
         last = k == K - 1
         if hasattr(model, "set_requires_gradient_sync"):
@@ -99,6 +99,26 @@ def train_step(model, micro_batches, max_norm):
 # %% 11.1 | delegates to the script's own step | expect: write the step yourself
 def train_step(model, micro_batches, max_norm):
     return reference_step(model, micro_batches, max_norm)
+
+# %% 11.1 | keeps the loss total in torch.zeros(()): a CPU buffer, which NCCL rejects on GPUs | expect: No backend type associated with device type cpu
+def train_step(model, micro_batches, max_norm: float) -> tuple[float, float]:
+    K = len(micro_batches)
+    total = torch.zeros(())
+    for k, (x, y) in enumerate(micro_batches):
+        last = k == K - 1
+        if hasattr(model, "set_requires_gradient_sync"):  # FSDP2: reduce-scatter after the last backward only
+            model.set_requires_gradient_sync(last)
+            sync = contextlib.nullcontext()
+        else:  # DDP: all-reduce after the last backward only
+            sync = contextlib.nullcontext() if last else model.no_sync()
+        with sync:
+            loss = F.cross_entropy(model(x).float().flatten(0, 1), y.flatten()) / K  # (): a share of the mean
+            loss.backward()
+        total += loss.detach()
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)  # every rank's shards: the global norm
+    norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2 returns a DTensor
+    dist.all_reduce(total)  # the mean over the global batch: the same number on every rank
+    return total.item() / dist.get_world_size(), norm.item()
 
 # %% 11.2 | stops without saving (counts on the last periodic checkpoint) | expect: save at that step boundary
 def train_loop(run, train_step):

@@ -260,7 +260,7 @@ def moe_forward(x, expert, gate, local_experts):
     send, recv = counts.view(n, per).sum(1).tolist(), recv_counts.view(n, per).sum(1).tolist()
     arrived = x.new_empty((sum(recv), x.shape[1]))
     dist.all_to_all_single(arrived, x[order].contiguous(), output_split_sizes=recv, input_split_sizes=send)
-    which = torch.arange(per).repeat(n).repeat_interleave(recv_counts)
+    which = torch.arange(per, device=x.device).repeat(n).repeat_interleave(recv_counts)
     out = torch.empty_like(arrived)
     for i, fn in enumerate(local_experts):
         out[which == i] = fn(arrived[which == i])
@@ -297,13 +297,33 @@ def moe_forward(x, expert, gate, local_experts):
     send, recv = counts.view(n, per).sum(1).tolist(), recv_counts.view(n, per).sum(1).tolist()
     arrived = x.new_empty((sum(recv), x.shape[1]))
     dist.all_to_all_single(arrived, x[order].contiguous(), output_split_sizes=recv, input_split_sizes=send)
-    which = torch.arange(per).repeat(n).repeat_interleave(recv_counts)
+    which = torch.arange(per, device=x.device).repeat(n).repeat_interleave(recv_counts)
     out = torch.empty_like(arrived)
     for i, fn in enumerate(local_experts):
         out[which == i] = fn(arrived[which == i])
     back = x.new_empty((len(order), x.shape[1]))
     dist.all_to_all_single(back, out, output_split_sizes=send, input_split_sizes=recv)
     return back * gate[:, None]
+
+# %% 12.4 | receives the counts into torch.empty: a CPU buffer, which NCCL rejects on GPUs | expect: No backend type associated with device type cpu
+def moe_forward(x: torch.Tensor, expert: torch.Tensor, gate: torch.Tensor, local_experts) -> torch.Tensor:
+    n, per = dist.get_world_size(), len(local_experts)
+    order = torch.argsort(expert, stable=True)  # tokens grouped by expert = by the rank that owns it
+    counts = torch.bincount(expert, minlength=n * per)  # (E,) tokens this rank sends to each expert
+    recv_counts = torch.empty(n * per, dtype=torch.long)
+    dist.all_to_all_single(recv_counts, counts)  # from each rank: how many tokens for each of my experts
+    send, recv = counts.view(n, per).sum(1).tolist(), recv_counts.view(n, per).sum(1).tolist()
+    arrived = x.new_empty((sum(recv), x.shape[1]))  # (rows received, h), by source rank then expert
+    dist.all_to_all_single(arrived, x[order].contiguous(), output_split_sizes=recv, input_split_sizes=send)
+    which = torch.arange(per, device=x.device).repeat(n).repeat_interleave(recv_counts)  # the local expert of each row
+    out = torch.empty_like(arrived)
+    for i, fn in enumerate(local_experts):
+        out[which == i] = fn(arrived[which == i])
+    back = x.new_empty((len(order), x.shape[1]))
+    dist.all_to_all_single(back, out, output_split_sizes=send, input_split_sizes=recv)  # the reverse exchange
+    y = torch.empty_like(x)
+    y[order] = back  # undo the sort: each output at its token's place
+    return y * gate[:, None]
 
 # %% 12.3 | blocking send/recv ordered by rank parity, computes before exchanging (no overlap) | expect: before computing
 def ring_attention_forward(q, k, v):

@@ -3,12 +3,16 @@
     m11 gpu-check                  # on a machine with NVIDIA GPUs: all checks, report in build/gpu-check.md
     m11 gpu-check --list           # what it would run (works anywhere)
     m11 gpu-check --only matmul sdpa --out /tmp/report.md
+    m11 gpu-check --only notebooks --budget 1500   # every course notebook under nbval, one line each
+    m11 gpu-check --only grading --budget 1800     # every solution notebook through the grader: full marks
 
 Without a GPU it says so and exits 0 having run nothing. Each check prints one line as it finishes
 (passed / failed / skipped, and its measured figure); a failing check does not stop the others, and
 the exit code is 1 when any failed. The whole run keeps to `--budget` seconds (default 480, the
 8 minutes the instructor guide promises on one GPU): checks that would start after the budget is
-spent are skipped with that reason. The checks are in `compute.py` (one device) and `distributed.py` (through the launchers).
+spent are skipped with that reason. The checks are in `compute.py` (one device), `distributed.py` (through the
+launchers) and `course_runs.py` (the course: `nbval-NN` and `grade-NN` per lesson, groups `notebooks` and
+`grading`; all of them need more than the default budget, so split the run with `--only`).
 
 Each check runs in a fresh interpreter of its own (multiprocessing "spawn"), killed with all it
 started when what is left of the budget runs out. A check that computes on the GPU initialises CUDA
@@ -30,13 +34,14 @@ import traceback
 from pathlib import Path
 
 from m11_helpers.tools.gpu_check import compute as c
+from m11_helpers.tools.gpu_check import course_runs
 from m11_helpers.tools.gpu_check import distributed as d
 from m11_helpers.tools.gpu_check.checks import Check, Skip
 
-__all__ = ["CHECKS", "Result", "run_checks", "report_markdown", "main"]
+__all__ = ["CHECKS", "Result", "all_checks", "run_checks", "report_markdown", "main"]
 
-# In the order they run: the cheap, fundamental ones first; the notebooks, which use the rest of the
-# budget, last.
+# In the order they run: the cheap, fundamental ones first; the course's notebooks (course_runs), which
+# use the rest of the budget, last.
 CHECKS = [
     Check("nccl-launch", "launch() with NCCL, one rank per GPU, an all-reduce", d.check_nccl_launch),
     Check("matmul", "fp32 / tf32 / bf16 matmul TFLOP/s, fraction of lesson 01's datasheet peak", c.check_matmul),
@@ -46,8 +51,17 @@ CHECKS = [
     Check("fsdp2", "FSDP2 fully_shard with MixedPrecisionPolicy on GPU (1 rank)", d.check_fsdp2),
     Check("train-script", "the reference training script for a few steps with activation checkpointing", d.check_reference_script),
     Check("dcp", "torch.distributed.checkpoint save/load of GPU tensors", d.check_dcp),
-    Check("notebooks", "every course notebook top to bottom under nbval-lax with the GPU visible", d.check_notebooks),
 ]
+
+
+def all_checks(repo: Path | None = None) -> list[Check]:
+    """The machine's checks, then one nbval and one grading check per lesson of the repository."""
+    return CHECKS + course_runs.course_checks(repo)
+
+
+def _selected(check: Check, names: list[str] | None) -> bool:
+    groups = [course_runs.GROUPS[n] for n in names or () if n in course_runs.GROUPS]
+    return not names or check.name in names or any(check.name.startswith(g) for g in groups)
 
 
 @dataclasses.dataclass
@@ -64,8 +78,8 @@ def run_checks(names: list[str] | None = None, budget_s: float = 480, repo: Path
     deadline = time.monotonic() + budget_s
     ctx = {"repo": repo, "deadline": deadline}  # CLOCK_MONOTONIC is one clock for every process of the machine
     results = []
-    for check in CHECKS:
-        if names and check.name not in names:
+    for check in all_checks(repo):
+        if not _selected(check, names):
             continue
         start = time.monotonic()
         if start > deadline:
@@ -149,14 +163,21 @@ def _environment_line() -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="m11 gpu-check", description=__doc__.splitlines()[0])
     ap.add_argument("--list", action="store_true", help="print the checks and exit")
-    ap.add_argument("--only", nargs="+", metavar="CHECK", choices=[c.name for c in CHECKS],
-                    help="run only these checks")
+    ap.add_argument("--only", nargs="+", metavar="CHECK", help="run only these checks (or groups: notebooks, grading)")
     ap.add_argument("--out", type=Path, default=Path("build") / "gpu-check.md", help="report path")
     ap.add_argument("--budget", type=float, default=480, help="seconds for the whole run (default 480)")
     args = ap.parse_args(argv)
+    repo = _repo()
+    checks = all_checks(repo)
+    unknown = sorted(set(args.only or ()) - {c.name for c in checks} - set(course_runs.GROUPS))
+    if unknown:
+        ap.error(f"--only {' '.join(unknown)}: no such check (m11 gpu-check --list)")  # exits 2
     if args.list:
-        for c in CHECKS:
+        for c in checks:
             print(f"  {c.name:<14}{c.what}")
+        if repo is None:
+            print("  (nbval-NN, grade-NN: one per lesson, listed inside the course repository)")
+        print(f"  groups: {', '.join(course_runs.GROUPS)} (every nbval-NN / grade-NN)")
         return 0
     if args.budget <= 0:
         print("m11 gpu-check: --budget must be > 0 seconds", file=sys.stderr)
@@ -167,12 +188,6 @@ def main(argv: list[str] | None = None) -> int:
         print("m11 gpu-check: no CUDA GPU on this machine (torch.cuda.device_count() is 0): nothing to run.\n"
               "Run it on a machine with an NVIDIA GPU; `m11 gpu-check --list` shows what it checks.")
         return 0
-    from m11_helpers.tools.paths import repo_root
-
-    try:
-        repo = repo_root()
-    except ValueError:
-        repo = None
     env = _environment_line()
     print(f"m11 gpu-check: {env}", flush=True)
     results = run_checks(args.only, args.budget, repo)
@@ -180,3 +195,12 @@ def main(argv: list[str] | None = None) -> int:
     args.out.write_text(report_markdown(results, env), encoding="utf-8")
     print(f"report written to {args.out}")
     return 1 if any(r.status == "failed" for r in results) else 0
+
+
+def _repo() -> Path | None:
+    from m11_helpers.tools.paths import repo_root
+
+    try:
+        return repo_root()
+    except ValueError:
+        return None

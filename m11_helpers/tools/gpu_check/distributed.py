@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import os
 import time
 
 from m11_helpers.launch.base import gpu_count  # counted through NVML: CUDA stays uninitialised until launch()
-from m11_helpers.tools.gpu_check.checks import Outcome, Skip
+from m11_helpers.tools.gpu_check.checks import Outcome
 
 
 def _nccl_all_reduce() -> float:
@@ -101,22 +100,3 @@ def check_dcp(ctx: dict) -> Outcome:
     if not ok:
         raise AssertionError("the loaded GPU tensor differs from the saved one")
     return Outcome("torch.distributed.checkpoint save/load of a CUDA tensor: bit-identical")
-
-
-def check_notebooks(ctx: dict) -> Outcome:
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = ctx.get("repo")
-    if root is None:
-        raise Skip("not inside the course repository (the notebooks are in course/)")
-    notebooks = sorted(str(p) for p in (Path(root) / "course").glob("[0-9][0-9]_*.ipynb"))
-    budget = max(60, int(ctx.get("deadline", time.monotonic() + 300) - time.monotonic()))
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "--nbval-lax", "-p", "no:cacheprovider",
-                          f"--timeout={budget}", *notebooks], cwd=root, capture_output=True, text=True,
-                         timeout=budget + 60, env=dict(os.environ, M11_STRICT="1"))
-    summary = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else out.stderr[-300:]
-    if out.returncode != 0:
-        raise AssertionError(f"nbval: {summary}")
-    return Outcome(f"{len(notebooks)} notebooks under nbval-lax with the GPU visible: {summary}")
