@@ -203,8 +203,11 @@ class ExpertParallelMoE(nn.Module):
         send = counts.view(self.world, self.per_rank).sum(1).tolist()
         recv = recv_counts.view(self.world, self.per_rank).sum(1).tolist()
         arrived = all_to_all(x[tok], send, recv, self.group)  # (Σ recv, h): by source rank, then expert
-        local_e = torch.arange(self.per_rank, device=x.device).repeat(self.world).repeat_interleave(recv_counts)  # expert of each row
-        out = torch.zeros_like(arrived)
+        # the expert of each arrived row
+        local_e = torch.arange(self.per_rank, device=x.device).repeat(self.world).repeat_interleave(recv_counts)
+        # zeros that stay in the graph: a rank whose experts got no token must still run both all-to-alls'
+        # backward, or every other rank waits for it there (a deadlock, seen with a routing bias)
+        out = arrived * 0  # (Σ recv, h)
         for i, expert in enumerate(self.local):
             rows = torch.nonzero(local_e == i, as_tuple=True)[0]
             if len(rows):

@@ -47,7 +47,23 @@ def _on_ranks():
         out[cf] = {"y": y.detach(), "dx": xl.grad, "aux": aux.item(), "router": moe.router.weight.grad,
                    "experts": {k: p.grad for k, p in layer.local.named_parameters()}, "comm": ep.COMM.table(),
                    "ops": log.ops(), "dropped": layer.last_dropped}
+    moe, xs = _skewed()  # every token to rank 0's experts: ranks 1-3's experts get none
+    xl = xs.chunk(n)[r].clone().requires_grad_()
+    y, _ = ExpertParallelMoE(moe)(xl)
+    (y * w.chunk(n)[r]).sum().backward()  # hung on ranks 1-3 when their empty experts left the graph
+    out["skewed"] = {"y": y.detach(), "dx": xl.grad}
     return out
+
+
+def _skewed():
+    """A dropless layer whose router sends every token to experts 0 and 1 (rank 0's): feature 0 is 10 for all
+    tokens, and its router weight +5 for those two experts, −5 for the rest."""
+    moe = _moe(None)
+    with torch.no_grad():
+        moe.router.weight[:, 0] = torch.where(torch.arange(E) < E // 4, 5.0, -5.0)
+    x, _ = _data()
+    x[:, 0] = 10.0
+    return moe, x
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +89,16 @@ def test_expert_parallel_equals_the_dense_layer(results, cf):
     assert sum(g["dropped"] for g in got) == moe.last_dropped
     if cf is None:
         assert moe.last_dropped == 0
+
+
+def test_ranks_whose_experts_get_no_token_still_run_backward(results):
+    moe, x = _skewed()
+    _, w = _data()
+    x.requires_grad_()
+    y, _ = moe(x, groups=4)
+    (y * w).sum().backward()
+    torch.testing.assert_close(torch.cat([r["skewed"]["y"] for r in results]), y.detach())
+    torch.testing.assert_close(torch.cat([r["skewed"]["dx"] for r in results]), x.grad)
 
 
 def test_dropping_grows_as_the_capacity_factor_shrinks(results):
