@@ -109,9 +109,9 @@ def _shard(model, mesh, knob: str):
 
 def measure_knobs(knobs: list[str], batch: int = 4, seq_len: int = 8, seed: int = 0) -> dict[str, dict]:
     """On each rank (via `launch`): one forward + backward of the tiny GPT per setting; memory, traffic, grad error."""
+    from m11_helpers.launch import rank_device
     from m11_helpers.live_memory import track_live_bytes
     from m11_helpers.models import tiny_gpt
-    from m11_helpers.pipeline_zb import rank_device
 
     for k in knobs:
         one_of("knob", k, KNOBS)

@@ -193,8 +193,8 @@ def run_prefetch(configs: list[tuple[int, str]], seed: int = 0) -> list[dict]:
     prefetch depth reached, the most layers whole at once, and the tensor bytes alive at the peak of
     forward and of backward (`m11_helpers.live_memory`).
     """
+    from m11_helpers.launch import rank_device
     from m11_helpers.live_memory import track_live_bytes
-    from m11_helpers.pipeline_zb import rank_device
 
     device = rank_device()
     out = []
@@ -220,5 +220,5 @@ def run_prefetch(configs: list[tuple[int, str]], seed: int = 0) -> list[dict]:
                     "peak_full_layers": net.peak_full_layers, "ready_at_wait": list(net.ready_at_wait),
                     "forward_peak": mem.peaks["start"],
                     "backward_peak": mem.peaks["backward"],
-                    "layer_bytes": [p * torch.tensor([], dtype=net.dtype).element_size() for p in net.padded]})
+                    "layer_bytes": [p * net.dtype.itemsize for p in net.padded]})
     return out

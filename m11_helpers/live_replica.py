@@ -94,7 +94,7 @@ def run_replica(rid: int, port: int, cfg: dict, ready=None) -> None:
     events, losses, commits = [], {}, []
     if ready is not None:
         ready()
-        events.append({"t": time.time(), "what": "started"})
+        events.append({"t": time.time(), "what": "started"})  # m11: cpu-only - an event's wall time, no kernel timed
 
     def hb(step):
         store.set(f"hb/{rid}", json.dumps({"step": step, "t": time.time()}))
@@ -122,7 +122,7 @@ def run_replica(rid: int, port: int, cfg: dict, ready=None) -> None:
         join = float(store.check(["join"]))  # a replica is waiting: everyone re-forms after this step
         w = len(mine) / cfg["global_batch"]  # shares may differ by one row: weight each by its size
         vec = torch.cat([p.grad.reshape(-1) * w for p in model.parameters()]
-                        + [torch.tensor([loss.item() * w, join])])  # (P + 2,): Σ over replicas = global mean
+                        + [loss.new_tensor([loss.item() * w, join])])  # (P + 2,): Σ over replicas = global mean
         parts = [torch.empty_like(vec) for _ in members]
         try:
             # all-gather and sum in member order, not all-reduce: gloo's all-reduce at 3 ranks can leave the

@@ -41,10 +41,10 @@ from torch.distributed.pipelining import (
     ScheduleZBVZeroBubble,
 )
 
+from m11_helpers.launch import rank_device
 from m11_helpers.validate import non_negative_real, one_of, positive_int
 
-__all__ = ["SCHEDULES", "deep_mlp", "reference_step", "stage_indices", "LiveSaved", "run_schedules", "gather",
-           "rank_device"]
+__all__ = ["SCHEDULES", "deep_mlp", "reference_step", "stage_indices", "LiveSaved", "run_schedules", "gather"]
 
 # name -> (torch class, chunks per device, placement of chunks)
 SCHEDULES = {
@@ -68,13 +68,6 @@ def deep_mlp(seed: int = 0, layers: int = LAYERS, width: int = WIDTH) -> nn.Sequ
             lin.bias.copy_(torch.randn(width, generator=g) * 0.1)  # (width,)
         blocks.append(nn.Sequential(lin, nn.Tanh()))
     return nn.Sequential(*blocks)
-
-
-def rank_device() -> torch.device:
-    """This rank's device: its GPU under NCCL (`launch` sets one per rank), else the CPU."""
-    import torch.distributed as dist
-
-    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
 
 
 def _batch(microbatches: int, width: int = WIDTH, rows: int = 2):

@@ -45,7 +45,7 @@ def _train(attempt: int, folder: str, steps: int, kill_rank: int, kill_at: int, 
     while step < steps:
         if attempt == 0 and rank == kill_rank and step == kill_at:
             with open(log, "a") as f:
-                f.write(json.dumps({"killed": step, "t": time.time()}) + "\n")
+                f.write(json.dumps({"killed": step, "t": time.time()}) + "\n")  # m11: cpu-only - an event's wall time
             os.kill(os.getpid(), signal.SIGKILL)
         mine = batch_indices(step, global_batch, n).chunk(world)[rank]  # (global_batch / world,)
         opt.zero_grad(set_to_none=False)

@@ -62,7 +62,7 @@ def sharded_muon_step(rows: int = 64, cols: int = 32, seed: int = 0) -> dict:
     if rows % n:
         raise ValueError(f"rows ({rows}) must be divisible by the number of ranks ({n}) for this row-aligned demo")
     g = torch.Generator().manual_seed(seed)
-    from m11_helpers.pipeline_zb import rank_device
+    from m11_helpers.launch import rank_device
 
     full = torch.randn(rows, cols, generator=g).to(rank_device())  # (m, n): the momentum, as one process sees it
     want = newton_schulz(full)
