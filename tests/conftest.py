@@ -17,8 +17,10 @@ package installed from a wheel (not the repository's editable install).
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import tempfile
+import time
 import warnings
 from pathlib import Path
 
@@ -177,19 +179,46 @@ def _wheel_records() -> list[dict]:
     return kernel_records(wheel_site()) if _state["used_wheel"] else []
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    _state["started"] = time.monotonic()
+
+
+def _cpu_seconds(*who: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of this process and/or the children it has waited for (getrusage(2)): the
+    ranks, kernels and graders a test starts count once reaped, wherever in the tree they ran."""
+    usage = [resource.getrusage(w) for w in who]
+    return sum(u.ru_utime for u in usage), sum(u.ru_stime for u in usage)
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """A pytest-xdist worker hands its notebook kernels' records to the controller (workeroutput)."""
+    """A pytest-xdist worker hands its notebook kernels' records and its CPU seconds to the controller."""
     if hasattr(session.config, "workeroutput"):
         session.config.workeroutput["m11_wheel"] = {"site": str(wheel_site()) if _state["used_wheel"] else "",
                                                     "records": _wheel_records()}
+        session.config.workeroutput["m11_cpu"] = _cpu_seconds(resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
 
 
 @pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: absent without it
 def pytest_testnodedown(node, error) -> None:  # the controller, as each worker finishes (pytest-xdist)
     _state.setdefault("worker_wheels", []).append(getattr(node, "workeroutput", {}).get("m11_wheel"))
+    _state.setdefault("worker_cpu", []).append(getattr(node, "workeroutput", {}).get("m11_cpu", (0.0, 0.0)))
+
+
+def _write_cpu_line(terminalreporter) -> None:
+    """The suite's CPU seconds beside its wall time (CONTRIBUTING's test budget): the controller's own, plus
+    each xdist worker's (itself and what it reaped) or, in one process, the children it reaped."""
+    workers = _state.get("worker_cpu")
+    user, system = _cpu_seconds(resource.RUSAGE_SELF) if workers else _cpu_seconds(resource.RUSAGE_SELF,
+                                                                                 resource.RUSAGE_CHILDREN)
+    for u, s in workers or ():
+        user, system = user + u, system + s
+    wall = time.monotonic() - _state["started"]
+    terminalreporter.write_line(f"m11 cpu: {user + system:.0f} s of CPU (user {user:.0f} + system {system:.0f}) in "
+                                f"{wall:.0f} s of wall time, {(user + system) / wall:.2f} cores busy on average")
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    _write_cpu_line(terminalreporter)
     workers = [w for w in _state.get("worker_wheels", []) if w and w["site"]]
     records = _wheel_records() + [r for w in workers for r in w["records"]]
     sites = ([str(wheel_site())] if _state["used_wheel"] else []) + [w["site"] for w in workers]
