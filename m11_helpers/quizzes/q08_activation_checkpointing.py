@@ -10,28 +10,31 @@ def _gb(**kw) -> float:
     return activation_bytes(RUNNING_EXAMPLE, 1, **kw)["total"] / GB
 
 
-_FLASH, _SEL = _gb(flash=True), _gb(flash=True, recompute="selective")
-_FULL, _FULL_2S = _gb(flash=True, recompute="full"), _gb(flash=True, recompute="full", seq_len=8192)
-_NONE, _NONE_2S = _gb(), _gb(seq_len=8192)
+# the lesson tabulates 4096 tokens (and its ×2); this quiz asks for 8192 and for ×4
+_FLASH, _SEL = _gb(flash=True, seq_len=8192), _gb(flash=True, recompute="selective", seq_len=8192)
+_FULL, _FULL_4S = _gb(flash=True, recompute="full"), _gb(flash=True, recompute="full", seq_len=16384)
+_NONE, _NONE_4S = _gb(), _gb(seq_len=16384)
 
 QUESTIONS = [
-    Question(f"The 7B trains with flash attention and no recomputation ({_FLASH:.2f} GB of activations per 4096-token "
+    Question(f"The 7B trains with flash attention and no recomputation ({_FLASH:.2f} GB of activations per 8192-token "
              "sequence). You switch on Korthikanti et al.'s selective recomputation. What happens?",
              [f"Activations fall by about 70 %, to ~{0.3 * _FLASH:.1f} GB", f"Almost nothing: {_SEL:.2f} GB",
               "They fall to the layer inputs only", "They grow: recomputation needs buffers"], 1,
              ["The 70 % is GPT-3's s² term without flash; flash never stores the scores in the first place.",
               "Right: selective recomputation recomputes the core attention, whose s² scores flash already "
-              "recomputes in its backward; only flash's small log-sum-exp goes. Pick full recomputation instead.",
+              "recomputes in its backward; only flash's small log-sum-exp goes "
+              f"({_FLASH:.2f} − {_SEL:.2f} GB). Pick full recomputation instead.",
               "That is full recomputation.",
               "Selective recomputation never keeps more than it would without it."],
              transfer=True),
-    Question(f"Same 7B, flash and full recomputation: {_FULL:.2f} GB at 4096 tokens. You double the sequence to 8192 "
-             "tokens. What do the activations become?",
-             [f"About {_FULL_2S:.2f} GB: every term kept is linear in s", f"About {4 * _FULL:.2f} GB: attention is "
-              "quadratic", f"{_FULL:.2f} GB: checkpointing makes memory independent of s", "It no longer fits anywhere"],
+    Question(f"Same 7B, flash and full recomputation: {_FULL:.2f} GB at 4096 tokens. You grow the sequence 4×, to "
+             "16,384 tokens. What do the activations become?",
+             [f"About {_FULL_4S:.2f} GB", f"About {16 * _FULL:.1f} GB: attention is quadratic",
+              f"{_FULL:.2f} GB: checkpointing makes memory independent of s", "It no longer fits anywhere"],
              0,
-             [f"Right: the layer inputs and the output layer's log-probabilities grow with s. Without flash and without "
-              f"recomputation the s² scores dominate instead ({_NONE:.1f} → {_NONE_2S:.1f} GB).",
+             [f"Right: every term kept is linear in s (the layer inputs, the output layer's log-probabilities): "
+              f"4 × {_FULL:.2f} ≈ {_FULL_4S:.2f} GB. Without flash and without recomputation the s² scores dominate "
+              f"instead ({_NONE:.1f} → {_NONE_4S:.1f} GB).",
               "Flash keeps no s² term, and full recomputation keeps only the layer inputs.",
               "Checkpointing keeps one input per layer, and each input has s rows.",
               "A few GB fit on any training GPU."],
