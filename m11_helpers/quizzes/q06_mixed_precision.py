@@ -87,6 +87,5 @@ QUESTIONS = [
               "Right: an update smaller than half the bf16 spacing near the weight (2⁻⁹ to 2⁻⁸ of |w|) rounds away; "
               "the lesson measured a large share of updates lost and a loss that falls behind.",
               "Range is not the problem; precision (7 mantissa bits) is.",
-              "bf16 has fewer mantissa bits than FP16: it needs the master more."],
-             transfer=True),
+              "bf16 has fewer mantissa bits than FP16: it needs the master more."]),
 ]

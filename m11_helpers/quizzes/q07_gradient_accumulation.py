@@ -1,9 +1,12 @@
 """Lesson 07 quiz: shown by `quiz("07_gradient_accumulation")`. Its 7B figure comes from the numbers kit."""
 
+from m11_helpers.gradient_accumulation import accumulation_steps_for, global_batch
 from m11_helpers.quantities import format_gb, value
 from m11_helpers.quiz import Question
 
 _GRADS = format_gb(value("7b.grad_bytes.autocast"))  # fp32 gradients under torch.amp autocast
+_TARGET, _MICRO, _W1, _W2 = 1536, 4, 8, 48  # sequences per step, per micro-batch; GPUs before and after
+_K1, _K2 = accumulation_steps_for(_TARGET, _MICRO, _W1), accumulation_steps_for(_TARGET, _MICRO, _W2)
 
 QUESTIONS = [
     Question("You accumulate K = 8 micro-batches in fp16 with a GradScaler, and clip the gradient norm. When do you "
@@ -41,7 +44,7 @@ QUESTIONS = [
               "Right: the lesson measured a gradient tens of percent off on a tiny model; LayerNorm (per sample) "
               "keeps accumulation exact.",
               "The gradient flows through the batch mean and variance, which now come from 64 samples.",
-              "BatchNorm works on any batch of more than one sample."], transfer=True),
+              "BatchNorm works on any batch of more than one sample."]),
     Question("Under FSDP2 (ZeRO-3) you call set_requires_gradient_sync(False) on 7 of 8 micro-batches. What do you "
              "trade?",
              ["Nothing: fewer reduce-scatters, same memory",
@@ -83,4 +86,13 @@ QUESTIONS = [
              ["That weights a token of a short micro-batch more than one of a long micro-batch.",
               "Right: every token counts once, whatever micro-batch it sits in.",
               "Sequences are not tokens: still wrong when lengths differ.", "Measured in the lesson: they differ."]),
+    Question(f"A run keeps a global batch of {_TARGET:,} sequences with micro-batches of {_MICRO} on {_W1} GPUs "
+             f"(K = {_K1}). It moves to {_W2} GPUs with the same micro-batch and the same global batch. K becomes…",
+             [str(_K2), str(_K1), str(_K1 * _W2 // _W1), "1: more GPUs replace accumulation"], 0,
+             [f"Right: K = B / (micro · N) = {_TARGET} / ({_MICRO} × {_W2}) = {_K2}; the global batch "
+              f"{_MICRO} × {_K2} × {_W2} = {global_batch(_MICRO, _K2, _W2):,} stays, so the hyper-parameters hold.",
+              f"Keeping K = {_K1} grows the global batch to {global_batch(_MICRO, _K1, _W2):,}: a different training run.",
+              "That multiplies K by the GPUs' ratio instead of dividing by it.",
+              f"Only when micro · N reaches the global batch: {_MICRO} × {_W2} = {_MICRO * _W2} < {_TARGET}."],
+             transfer=True),
 ]

@@ -1,5 +1,6 @@
 """Lesson 08 quiz: shown by `quiz("08_activation_checkpointing")`. Its figures come from the helpers, so they match the lesson."""
 
+from m11_helpers.activation_checkpointing import fewest_checkpointed, partial_peak, sqrt_segments
 from m11_helpers.activations import activation_bytes
 from m11_helpers.config import RUNNING_EXAMPLE
 from m11_helpers.quantities import GB
@@ -14,6 +15,13 @@ def _gb(**kw) -> float:
 _FLASH, _SEL = _gb(flash=True, seq_len=8192), _gb(flash=True, recompute="selective", seq_len=8192)
 _FULL, _FULL_4S = _gb(flash=True, recompute="full"), _gb(flash=True, recompute="full", seq_len=16384)
 _NONE, _NONE_4S = _gb(), _gb(seq_len=16384)
+
+_L = RUNNING_EXAMPLE.layers
+_b = activation_bytes(RUNNING_EXAMPLE, 1, flash=True, recompute="full")["per_layer"]  # a checkpointed block: its input
+_B = activation_bytes(RUNNING_EXAMPLE, 1, flash=True)["per_layer"]  # a block that keeps everything
+_BUDGET = 7 * GB
+_N = fewest_checkpointed(_L, _b, _B, _BUDGET)
+_FIRST, _LAST = partial_peak(_L, _N, _b, _B) / GB, partial_peak(_L, _N, _b, _B, first=False) / GB
 
 QUESTIONS = [
     Question(f"The 7B trains with flash attention and no recomputation ({_FLASH:.2f} GB of activations per 8192-token "
@@ -49,8 +57,7 @@ QUESTIONS = [
               "Right (measured in the lesson): what a policy keeps is the outputs of the ops it names, and the score "
               "matrix is the s² term Korthikanti's selective recomputation exists to drop.",
               "What is kept grows; only the recomputed FLOPs shrink.",
-              "Any op's output can be kept; that is what MUST_SAVE does."],
-             transfer=True),
+              "Any op's output can be kept; that is what MUST_SAVE does."]),
     Question("Checkpointing every block should cost one extra forward: (1 + 2 + 1)/(1 + 2) = 1.33× the FLOPs. "
              "The lesson counts less. Why?",
              ["The FLOP counter misses the backward", "Only the blocks are re-run, not the embeddings, the head and the "
@@ -67,4 +74,18 @@ QUESTIONS = [
              ["Their analysis assumes every node costs the same.",
               "Right: the optimum is k = √(L·block/boundary), often every block.",
               "checkpoint_sequential does exactly that.", "Unrelated to activations."]),
+    Question(f"The 7B's {_L} blocks (flash, one 4096-token sequence) each keep {_B / GB:.3f} GB, or only their input, "
+             f"{_b / GB:.3f} GB, when checkpointed. {_BUDGET / GB:.0f} GB are left for the blocks' activations. The "
+             "plan that recomputes least…",
+             [f"checkpoints the first {_N} blocks", f"checkpoints the last {_N} blocks: the same memory",
+              f"checkpoints all {_L}: checkpointing is all or nothing",
+              f"uses Chen's √L: {sqrt_segments(_L)} segments"], 0,
+             [f"Right: n·b + (L − n)·B ≤ budget gives n = {_N} (peak {_FIRST:.2f} GB), and the first blocks are the "
+              "ones to checkpoint: backward meets them last, when the kept blocks are already freed.",
+              f"The last blocks are rebuilt first, while every kept block is still alive: one block more at the "
+              f"peak, {_LAST:.2f} GB > {_BUDGET / GB:.0f} GB.",
+              f"It fits with {_N} of {_L}: each block left alone saves one recomputed forward.",
+              "√L segments minimise memory when every layer costs the same; here the goal is the least recompute "
+              "within a budget."],
+             transfer=True),
 ]

@@ -43,8 +43,7 @@ QUESTIONS = [
               "buffers (Switch, GShard) pay for that headroom in memory, FLOPs and bytes.",
               "Capacity is a training-time buffer size: tokens over it get no expert output.",
               "A larger buffer can only keep more assignments.",
-              "The aux loss depends on the router's choices and probabilities, not on the capacity."],
-             transfer=True),
+              "The aux loss depends on the router's choices and probabilities, not on the capacity."]),
     Question(f"HSDP on {_NODES} nodes of {_G} H100 (8 rails; shard inside a node, replicate across) instead of FSDP "
              f"over all {_N} GPUs, parameters and gradients S bytes each. Per GPU and step, the bytes crossing the "
              "inter-node network…",
