@@ -13,6 +13,8 @@ _FP32 = gradient_bytes(_P, "autocast")
 _BIG = gradient_bytes(param_count(GPT3_175B), "autocast")  # the lesson times the 7B; this quiz, GPT-3's fp32 grads
 _ONE = cm.cluster_allreduce_time(_BIG, 2, cm.ONE_NIC_H100)
 _RAILS = cm.cluster_allreduce_time(_BIG, 2, cm.HGX_H100)
+_NODES = 4  # the lesson compares the two at 2 nodes
+_RING_OUT, _HIER_OUT = (cm.inter_node_bytes(1.0, _NODES, 8, a) for a in ("ring", "hierarchical"))  # × S
 _FLAT = cm.ring_allreduce_time(_BIG, 16, cm.IB_400G.alpha, cm.IB_400G.beta)  # every hop at one NIC: the mistake
 
 QUESTIONS = [
@@ -58,14 +60,16 @@ QUESTIONS = [
               "Only the bandwidth term is (nearly) constant.",
               "The bandwidth term is bounded by 2S·β."],
              transfer=True),
-    Question("2 nodes of 8 GPUs, one NIC per node. You replace the flat ring all-reduce by a hierarchical one "
-             "(reduce-scatter in the node, all-reduce each GPU's 1/8 shard across nodes, all-gather in the node). "
-             "The bytes each node sends to the network…",
-             ["about halve: 2·(1/2)·S instead of 2·(15/16)·S", "shrink 8×: only a 1/8 shard crosses",
-              "stay the same: an all-reduce is an all-reduce", "double: there are three collectives instead of one"], 0,
-             ["Right: the flat ring leaves the node with 2(N−1)/N·S; the hierarchical one with 2(nodes−1)/nodes·S "
-              "(8 shards of S/8). The gain shrinks as nodes grow (0.89× at 8 nodes); the steps fall from 2(N−1) to "
-              "2(g−1) + 2(nodes−1).",
+    Question(f"{_NODES} nodes of 8 GPUs, one NIC per node. You replace the flat ring all-reduce of S bytes by a "
+             "hierarchical one (reduce-scatter in the node, all-reduce each GPU's 1/8 shard across nodes, all-gather "
+             "in the node). The bytes each node sends to the network…",
+             [f"fall to {_HIER_OUT / _RING_OUT:.2f}× the flat ring's", "fall to 1/8 of the flat ring's: only a 1/8 "
+              "shard crosses", "stay the same: an all-reduce is an all-reduce",
+              "double: there are three collectives instead of one"], 0,
+             [f"Right: the flat ring leaves the node with 2(N−1)/N·S = 2·{_NODES * 8 - 1}/{_NODES * 8}·S; the "
+              f"hierarchical one with 2(nodes−1)/nodes·S = 2·{_NODES - 1}/{_NODES}·S (8 shards of S/8): "
+              f"{_HIER_OUT:.2f}/{_RING_OUT:.3f} = {_HIER_OUT / _RING_OUT:.2f}× the bytes (comm_model.inter_node_bytes). The gain shrinks as nodes grow; "
+              "the steps fall from 2(N−1) to 2(g−1) + 2(nodes−1).",
               "Each GPU sends its 1/8, but all 8 GPUs of the node do: S/8 × 8 = S per pass.",
               "The pattern decides which links carry the bytes; the lesson counts them.",
               "The reduce-scatter and the all-gather stay on NVLink: no network bytes."],

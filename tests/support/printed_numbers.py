@@ -56,7 +56,7 @@ def distinctive(question) -> list[tuple[float, float]]:
     for value, half in numbers(question.options[question.answer]):
         if value == int(value) and half >= 0.5 and value <= TRIVIAL:
             continue
-        if any(abs(value - g) <= max(half, gh) for g, gh in given):
+        if any(_same(value, half, g, gh) for g, gh in given):
             continue
         out.append((value, half))
     return out
