@@ -1,9 +1,12 @@
 """Lesson 10 quiz: shown by `quiz("10_cloud_spot")`. Its figures come from the helpers, so they match the lesson."""
 
-from m11_helpers.cloud import spot_cost, young_interval
+from m11_helpers.cloud import failures_per_hour, spot_cost, young_interval
 from m11_helpers.quiz import Question
 
 _TAU = {d: young_interval(d, 3 * 3600) / 60 for d in (120, 30)}  # minutes, M = 3 h
+_GPUS, _DELTA = 2048, 180  # the lesson tabulates 8, 512, 4,096 and 16,384 GPUs, δ = 2 min
+_MTBF = 3600 / failures_per_hour(_GPUS)  # seconds
+_YOUNG = young_interval(_DELTA, _MTBF) / 60  # minutes
 _RATE = 2  # preemptions per hour; the lesson tabulates 0.1, 1 and 4
 _ONE = spot_cost(100, 1.0, discount=0.7, preemptions_per_hour=_RATE, checkpoint_seconds=120, restart_seconds=300)
 _OLD_OD = 100 + 120 / 3600 * (int(100 * 60 / _ONE["interval_minutes"]))  # on-demand charged spot's checkpoints
@@ -51,8 +54,7 @@ QUESTIONS = [
               "Right: resume is deterministic, so you must change something: skip the batches (PaLM) or lower the "
               "learning rate (OPT-175B).",
               "Nothing random differs: every RNG state was restored.",
-              "The step-6 weights were good: step 6 runs as before."],
-             transfer=True),
+              "The step-6 weights were good: step 6 runs as before."]),
     Question("With dcp.async_save, what does the training loop still wait for at each checkpoint?",
              ["Nothing", "The copy of its state into CPU memory; the files are written in the background",
               "Every file and the metadata on disk", "Rank 0 gathering the full state dict"], 1,
@@ -61,4 +63,15 @@ QUESTIONS = [
               "benchmark); a checkpoint is complete only when its metadata lands.",
               "That is dcp.save, the synchronous one.",
               "DCP never gathers: each rank writes its own shards."]),
+    Question(f"An on-demand job on {_GPUS:,} GPUs fails at Llama 3's rate of unexpected interruptions (Dubey et al. "
+             f"2024: 419 in 54 days on 16,384 GPUs). A synchronous checkpoint takes {_DELTA // 60} min. Young's "
+             "interval is about…",
+             [f"{_YOUNG:.0f} min", f"{(_DELTA * _MTBF) ** 0.5 / 60:.0f} min", f"{_MTBF / 3600:.1f} h: once per MTBF",
+              f"{young_interval(_DELTA, 3600 / failures_per_hour(16_384)) / 60:.0f} min, as on 16,384 GPUs"], 0,
+             [f"Right: λ = {_GPUS:,} × 419 / (54 × 24 h × 16,384) = {failures_per_hour(_GPUS):.4f}/h, so M = "
+              f"{_MTBF / 60:,.0f} min; τ = √(2δM) = √(2 × {_DELTA // 60} × {_MTBF / 60:,.0f}) = {_YOUNG:.0f} min.",
+              "That is √(δM): Young's optimum has the factor 2, τ = √(2δM).",
+              "Checkpointing once per MTBF loses half an MTBF of work per failure on average: far more than "
+              "the saves cost.",
+              "M grows as the job shrinks: 8× fewer GPUs, 8× the MTBF, √8× the interval."], transfer=True),
 ]
