@@ -67,7 +67,7 @@ def test_the_printed_answer_check_sees_a_planted_question():
     bubble = bubble_fraction(8, 64)  # 7/71: the interleaving cell's checked output prints it
     assert f"{bubble:.1%}" in text
     shown = numbers(text)
-    for written in (f"{bubble:.1%}", f"{100 * bubble:.2f} %", f"{bubble:.3f}", "7/71"):
+    for written in (f"{bubble:.1%}", f"{bubble:.0%}", f"{bubble:.3f}", f"{100 * bubble:.1f} percent"):
         planted = Question("8 stages, 64 micro-batches: the idle share?", [written, "50 %"], 0, ["…", "…"],
                            transfer=True)
         assert printed_answers(planted, shown), written
@@ -78,6 +78,7 @@ def test_the_printed_answer_check_sees_a_planted_question():
     given = Question("From 27 % idle, you double the micro-batches: the idle share?", ["27 % → 16 %", "x"], 0,
                      ["…", "…"], transfer=True)
     assert [round(v, 2) for v, _ in distinctive(given)] == [0.16]  # the prompt's 27 % is not the answer
+    assert printed_answers(Question("?", ["3/11", "x"], 0, ["…", "…"], transfer=True), numbers("idle: 27.3 %"))
     assert not printed_answers(Question("?", ["52.2 GB", "x"], 0, ["…", "…"], transfer=True), numbers("52 ms"))
 
 

@@ -7,7 +7,7 @@ from m11_helpers.quantities import GB
 from m11_helpers.quiz import Question
 
 _P = param_count(RUNNING_EXAMPLE)
-_N = 32  # the lesson counts 8 ranks; this quiz asks for 4 nodes of 8
+_N = 16  # the lesson counts 8 ranks; this quiz asks for 2 nodes of 8
 _SENT = {layout: cm.ring_bytes_sent(gradient_bytes(_P, layout), _N) / GB for layout in ("autocast", "megatron")}
 _FP32 = gradient_bytes(_P, "autocast")
 _BIG = gradient_bytes(param_count(GPT3_175B), "autocast")  # the lesson times the 7B; this quiz, GPT-3's fp32 grads
@@ -63,12 +63,12 @@ QUESTIONS = [
     Question(f"{_NODES} nodes of 8 GPUs, one NIC per node. You replace the flat ring all-reduce of S bytes by a "
              "hierarchical one (reduce-scatter in the node, all-reduce each GPU's 1/8 shard across nodes, all-gather "
              "in the node). The bytes each node sends to the network…",
-             [f"fall to {_HIER_OUT / _RING_OUT:.2f}× the flat ring's", "fall to 1/8 of the flat ring's: only a 1/8 "
+             [f"fall to {_HIER_OUT / _RING_OUT:.3f}× the flat ring's", "fall to 1/8 of the flat ring's: only a 1/8 "
               "shard crosses", "stay the same: an all-reduce is an all-reduce",
               "double: there are three collectives instead of one"], 0,
              [f"Right: the flat ring leaves the node with 2(N−1)/N·S = 2·{_NODES * 8 - 1}/{_NODES * 8}·S; the "
               f"hierarchical one with 2(nodes−1)/nodes·S = 2·{_NODES - 1}/{_NODES}·S (8 shards of S/8): "
-              f"{_HIER_OUT:.2f}/{_RING_OUT:.3f} = {_HIER_OUT / _RING_OUT:.2f}× the bytes (comm_model.inter_node_bytes). The gain shrinks as nodes grow; "
+              f"{_HIER_OUT:.2f}/{_RING_OUT:.3f} = {_HIER_OUT / _RING_OUT:.3f}× the bytes (comm_model.inter_node_bytes). The gain shrinks as nodes grow; "
               "the steps fall from 2(N−1) to 2(g−1) + 2(nodes−1).",
               "Each GPU sends its 1/8, but all 8 GPUs of the node do: S/8 × 8 = S per pass.",
               "The pattern decides which links carry the bytes; the lesson counts them.",

@@ -2,7 +2,7 @@
 
 A transfer question must ask for a number the lesson did not print: `printed_answers(question, numbers)`
 lists the right answer's numbers found among a notebook's. Numbers are compared as values, with the
-tolerance of the answer's rounding (or the lesson's, when it prints a decimal to 1 %): "27 %", "0.27",
+tolerance of the answer's rounding (or the lesson's, when it prints a decimal of three significant digits): "27 %", "0.27",
 "27.3%" and "3/11" are one number.
 """
 
@@ -73,6 +73,7 @@ def printed_answers(question, shown: list[tuple[float, float]]) -> list[float]:
 
 def _same(a: float, ha: float, b: float, hb: float) -> bool:
     """a (the answer, ± ha) equals b (printed, ± hb): within the answer's rounding, or within the lesson's if that
-    is a decimal rounded to 1 % ("27 %" is the lesson's 27.3 %, "9.86 %" its "9.9%"; its "52 ms" is not 52.2)."""
-    tol = max(ha, hb) if hb < 0.5 and hb <= 0.01 * abs(b) else ha
+    is a decimal of three significant digits ("27 %" is the lesson's 27.3 %, "30.43 %" its "30.4"; its "52 ms"
+    is not 52.2, nor its measured "0.77 GB/s" a ratio of 0.774)."""
+    tol = max(ha, hb) if hb < 0.5 and hb <= 0.002 * abs(b) else ha
     return abs(a - b) <= tol and tol <= 0.05 * max(abs(a), abs(b))
