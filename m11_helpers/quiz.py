@@ -10,8 +10,9 @@ not in the notebook, so the answer index is not on the learner's screen (or slid
              feedback=["…", "Right: 2(N−1)/N of the gradient, almost independent of N.", "…"],
              transfer=True)
 
-`transfer=True` marks a "you change X: what happens to Y?" question; every lesson has at least two
-(tests/test_quizzes.py).
+`transfer=True` marks a question that puts the lesson's idea in a situation the lesson did not compute
+(another model, cluster, precision, world size, failure), its answer derived in the right option's feedback;
+at least half of every quiz, and none whose right answer is a number the lesson prints (tests/test_quizzes.py).
 
 The scoring is `QuizState` (plain Python, tested); the widget only wires buttons to it. Without a
 live widget front end (a static export, a slide deck), the quiz also renders as Markdown.

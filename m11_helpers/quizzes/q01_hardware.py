@@ -1,6 +1,11 @@
 """Lesson 01 quiz: shown by `quiz("01_hardware")`."""
 
+from m11_helpers.hardware_specs import chip
+from m11_helpers.model_states import bytes_per_param
 from m11_helpers.quiz import Question
+
+_BPP = bytes_per_param("autocast")["total"]  # 16 B/param: the lesson's 84 × 10⁹-byte model, here another chip
+_H200 = chip("H200 SXM")
 
 QUESTIONS = [
     Question("NVIDIA's H100 datasheet says 1,979 TFLOPS for BF16. What will a dense bf16 training matmul see at best?",
@@ -34,15 +39,19 @@ QUESTIONS = [
               "into large messages.",
               "The reverse: large messages scale with size, tiny ones do not.",
               "8 MiB is far beyond α·B: its time is the bytes over the bandwidth, and doubles."], transfer=True),
-    Question("A model's training states need 84 × 10⁹ bytes (16 B/param, 5.25B parameters). Do they fit in one "
-             "H100 whose datasheet says 80 GB?",
-             ["No: 84 GB > 80 GB", "Yes: 80 GB of HBM is 80 GiB = 85.9 × 10⁹ bytes (activations still come on top)",
-              "Only with ZeRO-3", "Only in bf16"], 1,
-             ["That compares 10⁹-byte GB with the datasheet's figure, which counts 2³⁰-byte GiB.",
-              "Right: HBM capacity is binary; compare bytes with bytes. The margin (1.9 × 10⁹ bytes) is small: "
-              "activations and the CUDA context will not fit beside them.",
-              "ZeRO-3 shards across GPUs; the question is one GPU.",
-              "16 B/param already counts the bf16 copies where a layout has them."], transfer=True),
+    Question(f"Mixed-precision Adam keeps {_BPP} bytes of training state per parameter. What is the largest model "
+             f"whose states alone fit in one {_H200.name}, whose datasheet says {_H200.memory_gib:g} GB?",
+             [f"{_H200.memory_bytes / _BPP / 1e9:.2f} B parameters", f"{_H200.memory_gib * 1e9 / _BPP / 1e9:.2f} B "
+              "parameters", f"{_H200.memory_bytes / 2 / 1e9:.0f} B parameters",
+              f"{_H200.memory_bytes / 4 / 1e9:.1f} B parameters"], 0,
+             [f"Right: HBM is binary, {_H200.memory_gib:g} GiB = {_H200.memory_bytes / 1e9:.1f} × 10⁹ bytes; "
+              f"÷ {_BPP} B/param = {_H200.memory_bytes / _BPP / 1e9:.2f} × 10⁹ parameters (activations and the CUDA "
+              "context still need room beside them).",
+              f"That reads the datasheet's GB as 10⁹ bytes: {_H200.memory_gib:g} × 10⁹ / {_BPP}. HBM capacities "
+              "count 2³⁰-byte GiB.",
+              "That counts only the bf16 weights (2 B/param); training also keeps gradients, an fp32 master and "
+              "Adam's two moments.",
+              "That counts only fp32 weights (4 B/param), as if the optimizer needed nothing."], transfer=True),
     Question("Megatron-LM's 1024 A100s at 140 TFLOP/s train GPT-3 (3.15e23 FLOPs by 6·N·D) in 34 days. Why not 25?",
              ["Their GPUs were slower", "They count 8·N·D: activation recomputation repeats the forward pass",
               "They used fp32", "The 300B tokens were seen twice"], 1,

@@ -1,6 +1,16 @@
 """Lesson 03 quiz: shown by `quiz("03_data_parallel")`."""
 
+from m11_helpers.config import GPT2_SMALL, param_count
+from m11_helpers.data_parallel import MiB, pack_buckets, steps_and_examples
+from m11_helpers.ddp_overlap import tensor_numels
 from m11_helpers.quiz import Question
+
+_P = param_count(GPT2_SMALL)  # the lesson's bucket timeline is a 3.7 MB model; this quiz, GPT-2 small
+_BYTES = [4 * n for n in tensor_numels(GPT2_SMALL)]
+_BUCKETS = pack_buckets(_BYTES)
+_LAST, _WTE = sum(_BYTES[i] for i in _BUCKETS[-1]), max(_BYTES)
+_B_NOISE, _FROM, _TO = 2000, 1024, 8192
+_STEPS, _EXAMPLES = steps_and_examples(_TO, _B_NOISE)
 
 QUESTIONS = [
     Question("A 3.7 MB model trains under `DistributedDataParallel(model)` with its default buckets. From iteration 1 "
@@ -14,16 +24,18 @@ QUESTIONS = [
               "Right: with bucket_cap_mb left at None the first bucket closes at 1 MiB, so the last layers' gradients "
               "go on the wire while backward computes the rest; the other 2.6 MB wait for backward's end.",
               "Gradients travel in buckets; a bucket starts only when all its gradients exist.",
-              "Buckets close at a byte limit (1 MiB, then 25 MiB), not at a fraction of the model."], transfer=True),
-    Question("Same model, and you now write `DistributedDataParallel(model, bucket_cap_mb=25)`, the documented "
-             "default, explicitly. What changes?",
-             ["Nothing: 25 is the default", "The small first bucket is gone: one bucket, nothing overlaps backward",
-              "Buckets are now 25 MB (10⁶ bytes) instead of 25 MiB", "DDP stops rebuilding its buckets"], 1,
-             ["torch 2.13 gives the 1 MiB first bucket only when bucket_cap_mb is None.",
-              "Right: an explicit cap applies to every bucket, the first included; the lesson's timeline shows it.",
-              "bucket_cap_mb is in MiB either way.",
-              "It still rebuilds after iteration 0; the rebuilt buckets just follow the explicit cap."],
-             transfer=True),
+              "Buckets close at a byte limit (1 MiB, then 25 MiB), not at a fraction of the model."]),
+    Question(f"GPT-2 small ({_P / 1e6:.0f}M parameters, fp32 gradients) trains under DDP with its default buckets. "
+             "From iteration 1 on, how many gradient bytes are still to be all-reduced when backward ends?",
+             [f"{_LAST / MiB:.1f} MiB: the last bucket", "25 MiB at most: no bucket exceeds the cap",
+              "1 MiB: DDP's small bucket", "None: every bucket overlaps backward"], 0,
+             [f"Right: backward reaches the token embedding last, and one {_WTE / MiB:.0f} MiB tensor cannot be split, "
+              f"so the last of the {len(_BUCKETS)} buckets holds it plus what was still open: {_LAST / MiB:.1f} MiB "
+              "start only when backward ends (data_parallel.pack_buckets on the model's tensors). Tying the "
+              "embedding to the head makes it ready last.",
+              "A bucket closes only after the tensor that crosses the cap: a tensor larger than the cap overshoots it.",
+              "The 1 MiB bucket is the first one all-reduced, the last layers' gradients; the question is the last.",
+              "The last bucket becomes ready only when backward has produced its last gradient."], transfer=True),
     Question("In naive data parallelism you drop the broadcast at the start (each rank initialises with its own "
              "seed) but still average the gradients every step, with plain SGD. What happens to the replicas?",
              ["The all-reduce pulls them together within a few steps",
@@ -43,7 +55,7 @@ QUESTIONS = [
               "Right: the bytes are fixed by the model, the compute scales with tokens; the lab shows the efficiency "
               "falling.",
               "Hiding needs a backward at least as long as the all-reduce.",
-              "Each step still has one backward to hide behind."], transfer=True),
+              "Each step still has one backward to hide behind."]),
     Question("You forget sampler.set_epoch(epoch) with shuffle=True. What happens?",
              ["Training crashes", "Ranks get overlapping shards", "Every epoch repeats the same order",
               "Each rank shuffles differently"], 2,
@@ -60,4 +72,17 @@ QUESTIONS = [
               "(McCandlish et al. 2018).",
               "The square-root rule is for Adam-type optimizers (Malladi et al. 2022), not their SGD recipe.",
               "Bigger batches have less noise, so the step can be larger, not smaller."], transfer=True),
+    Question(f"You measured a gradient noise scale B_noise ≈ {_B_NOISE:,} sequences. You grow data parallelism from a "
+             f"global batch of {_FROM:,} to {_TO:,}. Against the fewest possible, how many steps and how many "
+             "examples does training need now (McCandlish et al. 2018)?",
+             [f"{_STEPS:.2f}× the fewest steps, {_EXAMPLES:.1f}× the fewest examples",
+              f"{_TO // _FROM}× fewer steps, the same examples: the batch is {_TO // _FROM}× larger",
+              f"{_EXAMPLES:.1f}× the fewest steps, {_STEPS:.2f}× the fewest examples",
+              "The same steps: past B_noise a bigger batch changes nothing"], 0,
+             [f"Right: S/S_min = 1 + B_noise/B = 1 + {_B_NOISE}/{_TO} = {_STEPS:.2f}, E/E_min = 1 + B/B_noise = "
+              f"1 + {_TO}/{_B_NOISE} = {_EXAMPLES:.1f}: far past B_noise, the steps barely fall while the "
+              "samples (and the GPU hours) grow almost with the batch.",
+              "That is perfect scaling, which holds only well below B_noise.",
+              "The two factors are swapped: it is the examples that grow with B/B_noise.",
+              "Steps keep falling towards S_min, just ever more slowly."], transfer=True),
 ]

@@ -1,17 +1,40 @@
 """Lesson 04 quiz: shown by `quiz("04_model_parallel")`."""
 
+from m11_helpers.comm_model import HGX_H100, group_link
+from m11_helpers.config import RUNNING_EXAMPLE
+from m11_helpers.hardware_specs import chip
+from m11_helpers.overlap import tp_overlap
+from m11_helpers.pipeline import bubble_fraction
 from m11_helpers.quiz import Question
 
+_P, _M = 8, 24  # the lesson runs 4 stages × 8 micro-batches; this quiz, 8 × 24
+_BUBBLE = bubble_fraction(_P, _M)  # GPipe and 1F1B alike
+_HALF = bubble_fraction(_P, _M, "interleaved", 2)
+_FLOPS = 0.5 * chip("H100 SXM").peak_flops("bf16")  # the lesson's A100 cluster, here HGX H100 nodes
+
+
+def _tp_ms(link) -> float:
+    return 1e3 * tp_overlap(RUNNING_EXAMPLE, 4096, 8, link, _FLOPS).comm_s  # 4 all-reduces per layer
+
+
+_TP = {"nvlink": _tp_ms(HGX_H100.intra), "4 rails": _tp_ms(group_link(HGX_H100, 4)),
+       "1 rail": _tp_ms(group_link(HGX_H100, 1))}
+_NIC = group_link(HGX_H100, 4).gbs_per_direction
+
 QUESTIONS = [
-    Question("A 4-stage pipeline runs 8 micro-batches with GPipe. You switch it to 1F1B. What happens to the idle "
-             "time and to stage 0's activation memory?",
-             ["Idle time 27 % → 12 %; memory unchanged", "Idle time unchanged (27 %); stage 0 holds 4 micro-batches' "
-              "activations instead of 8", "Both halve", "Idle time unchanged; memory unchanged: only the order differs"],
-             1,
-             ["No: both leave (p−1)/(m+p−1) = 3/11 = 27 % idle; only more micro-batches or interleaving shrink it.",
-              "Right: 1F1B starts each backward as soon as it can, so stage s holds at most p−s micro-batches.",
+    Question(f"An {_P}-stage pipeline runs {_M} micro-batches with GPipe. You switch it to 1F1B. What happens to "
+             "the idle time and to stage 0's activation memory?",
+             [f"Idle {_BUBBLE:.0%} → {_HALF:.0%}; memory unchanged",
+              f"Idle unchanged ({_BUBBLE:.0%}); stage 0 holds {_P} micro-batches' activations instead of {_M}",
+              f"Idle {_BUBBLE:.0%} → {_BUBBLE / 2:.0%}; stage 0 holds {_P} instead of {_M}",
+              "Idle time unchanged; memory unchanged: only the order differs"], 1,
+             [f"That is interleaving with 2 chunks per stage, (p−1)/(v·m + p−1) = {_P - 1}/{2 * _M + _P - 1}; 1F1B "
+              "alone keeps the bubble and frees memory.",
+              f"Right: both leave (p−1)/(m+p−1) = {_P - 1}/{_M + _P - 1} = {_BUBBLE:.0%} idle, and 1F1B starts "
+              f"each backward as soon as it can, so stage s holds at most p − s micro-batches: {_P} on stage 0, "
+              f"against GPipe's m = {_M}.",
               "The bubble does not move: fill and drain take the same ticks in both schedules.",
-              "The order is what frees memory early: look at the in-flight counts the lesson measured."],
+              "The order is what frees memory early: a micro-batch's activations go once its backward has run."],
              transfer=True),
     Question("In Megatron's MLP, why is the first linear layer split by columns and the second by rows?",
              ["It balances the parameters", "GeLU is elementwise, so it runs on the split output with no "
@@ -40,18 +63,19 @@ QUESTIONS = [
               "Before a row-parallel layer, nothing is needed at all.",
               "That leaves each rank a slice of a sum, the opposite of what is needed.",
               "Each rank holds only its slice of the features."]),
-    Question("A model runs TP 8 inside a DGX A100 node (NVLink 3, one 25 GB/s HDR NIC per GPU). You spread the same "
-             "TP 8 group over two nodes, 4 GPUs each. What happens to the time of each layer's all-reduces?",
-             ["About the same: the bytes are the same", "About 3× longer (0.95 → 2.6 ms per layer): the ring crosses "
-              "the network on 4 rails, 4 × 25 = 100 GB/s per GPU instead of NVLink's 300",
-              "About 12× longer: every hop runs at one NIC's 25 GB/s", "Shorter: more links in parallel"], 1,
+    Question("The 7B runs TP 8 inside an HGX H100 node (NVLink 4, one 400 Gb/s NIC per GPU). You spread the same "
+             "TP 8 group over two nodes, 4 GPUs each. What happens to the time of each layer's 4 all-reduces?",
+             ["About the same: the bytes are the same",
+              f"{_TP['nvlink']:.2f} → {_TP['4 rails']:.2f} ms per layer",
+              f"{_TP['nvlink']:.2f} → {_TP['1 rail']:.2f} ms per layer", "Shorter: more links in parallel"], 1,
              ["Same bytes, but the ring now crosses InfiniBand, slower than NVLink.",
-              "Right: NCCL runs one ring per NIC, so the 4 GPUs' 4 NICs carry the traffic together (lesson 02's "
-              "comm_model.Fabric; the lesson's table). Still 3× slower on the heaviest traffic: Megatron-LM keeps "
-              "TP inside a node (Narayanan et al. 2021, §3).",
-              "That is the case with each TP rank on its own node (about 10× with latency); with 4 GPUs per node, "
-              "4 rings share the work over 4 NICs.",
-              "The NICs add up to less than NVLink: 100 GB/s against 300 per GPU."],
+              f"Right: NCCL runs one ring per NIC, so the group's 4 GPUs per node drive 4 rails: {_NIC:.0f} GB/s "
+              f"per GPU against NVLink's {HGX_H100.intra.gbs_per_direction:.0f}, "
+              f"{HGX_H100.intra.gbs_per_direction / _NIC:.2f}× the bandwidth term (comm_model.group_link; the "
+              "lesson's table did this for a DGX A100). Megatron-LM keeps TP inside a node (Narayanan et al. 2021, §3).",
+              "That is one TP rank per node, every hop on one NIC's 50 GB/s; with 4 GPUs per node, 4 rings share the "
+              "work over 4 NICs.",
+              "The NICs add up to less than NVLink per GPU."],
              transfer=True),
     Question("Where does Megatron-LM place its three kinds of parallelism on a cluster of 8-GPU nodes?",
              ["Pipeline inside a node, data parallel across nodes", "Tensor parallel inside a node, pipeline "

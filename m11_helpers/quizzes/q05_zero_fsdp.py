@@ -32,8 +32,7 @@ QUESTIONS = [
               "Right: measured in the lesson, 1Ψ less all-gathered and about 4 blocks' worth more memory held "
               "after forward: ZeRO-2-like memory for the parameters during the step.",
               "It trades memory for communication: more of one, less of the other.",
-              "Gradients are reduce-scattered either way; only the parameters' second all-gather goes."],
-             transfer=True),
+              "Gradients are reduce-scattered either way; only the parameters' second all-gather goes."]),
     Question("ZeRO-2 shards the gradients. How many bytes does it communicate per step, compared with DDP?",
              ["The same, 2Ψ: it reduce-scatters the gradients and all-gathers the updated weights",
               "More: it all-reduces the gradients and then all-gathers the weights, 3Ψ",

@@ -1,31 +1,37 @@
 """Lesson 06 quiz: shown by `quiz("06_mixed_precision")`. Its figures come from the helpers, so they match the lesson."""
 
 from m11_helpers.activations import activation_bytes, activation_ratio
-from m11_helpers.config import RUNNING_EXAMPLE, TINY_GPT, param_count
+from m11_helpers.config import GPT3_175B, TINY_GPT, param_count
+from m11_helpers.loss_scaling import update_scale
 from m11_helpers.model_states import bytes_per_param, gradient_bytes
 from m11_helpers.quantities import GB
 from m11_helpers.quiz import Question
 
-_P = param_count(RUNNING_EXAMPLE)
+_P = param_count(GPT3_175B)  # the lesson's layouts are for the 7B; this quiz asks for GPT-3
 _GRADS = {name: gradient_bytes(_P, name) / GB for name in ("autocast", "deepspeed")}
 _BPP = {name: bytes_per_param(name)["total"] for name in ("autocast", "deepspeed", "pure-bf16")}
-_RATIO = {b: activation_ratio(TINY_GPT, b, flash=True) for b in (4, 16)}
+_RATIO = {b: activation_ratio(TINY_GPT, b, flash=True) for b in (2, 16)}  # the lesson plots 4 and 16
 _A16 = activation_bytes(TINY_GPT, 16, flash=True, autocast=True)
+_SCALE, _TRACK = 2.0**16, 0  # GradScaler's default start, then 4,000 overflow-free steps
+for _ in range(4000):
+    _SCALE, _TRACK = update_scale(_SCALE, _TRACK, found_inf=False)
+_NORM, _MAX = 0.5, 1.0  # true gradient norm, clip threshold
 _FLOOR = (_A16["total"] - _A16["weight_copies"]) / activation_bytes(TINY_GPT, 16, flash=True, dtype_bytes=4)["total"]
 
 QUESTIONS = [
-    Question("A 7B model trains with torch.amp autocast (bf16) and plain DDP. You move it to DeepSpeed with bf16 "
+    Question("GPT-3 (175B) trains with torch.amp autocast (bf16) and plain DDP. You move it to DeepSpeed with bf16 "
              "enabled (ZeRO stage 0). What happens to the model-state bytes per parameter and to the gradient bytes "
              "each step all-reduces?",
              [f"Both halve: {_BPP['autocast'] // 2} B/param and {_GRADS['deepspeed']:.1f} GB",
-              f"Bytes per parameter stay {_BPP['deepspeed']}; the gradients reduced halve, "
-              f"{_GRADS['autocast']:.1f} → {_GRADS['deepspeed']:.1f} GB",
+              f"Bytes per parameter stay {_BPP['deepspeed']}; the gradients reduced go "
+              f"{_GRADS['autocast']:.0f} → {_GRADS['deepspeed']:.0f} GB",
               "Nothing changes: both are 'mixed precision'",
               f"Bytes per parameter grow to 18; the gradients reduced stay {_GRADS['autocast']:.1f} GB"], 1,
              [f"Neither layout drops the FP32 master or Adam's FP32 moments: {_BPP['pure-bf16']} B/param is "
               "pure bf16, which stalls small updates.",
               "Right: autocast keeps FP32 parameters and FP32 gradients (4 + 4 + 8); DeepSpeed keeps bf16 "
-              "parameters and gradients next to an FP32 master (2 + 2 + 4 + 8). Same total, but DeepSpeed reduces "
+              f"parameters and gradients next to an FP32 master (2 + 2 + 4 + 8). Same total, but DeepSpeed reduces "
+              f"2 B × {_P / 1e9:.0f}B = {_GRADS['deepspeed']:.0f} GB instead of 4 B × {_P / 1e9:.0f}B: "
               "16-bit gradients: half the bytes on the wire (autocast gets there with DDP's bf16_compress_hook).",
               "The layouts hold different tensors: measured in the lesson, the gradients are float32 under autocast.",
               "18 B/param is Megatron-LM's bf16 default (FP32 main gradients), not DeepSpeed's."],
@@ -48,17 +54,23 @@ QUESTIONS = [
              ["Clipping is separate and must come after unscale_.",
               "Yes: skip, back off ×0.5, reset the growth counter.",
               "No: one inf means the whole step is untrustworthy.", "No: overflow is expected now and then."]),
-    Question("You move clip_grad_norm_(params, 1.0) to right after scaler.scale(loss).backward(), before "
-             "scaler.unscale_(opt). What happens to the clipping?",
-             ["Nothing", "The norm is of the *scaled* gradient (×65536 at the default scale), so almost every step is "
-              "clipped far too hard", "Clipping turns infs into NaNs", "GradScaler refuses to step"], 1,
-             ["The gradients are still multiplied by S.",
-              "Yes: call scaler.unscale_(opt) before clipping, so the threshold applies to the true gradient.",
-              "Not the issue here.", "It steps (unless inf), with a wrongly clipped gradient."],
+    Question(f"fp16 with GradScaler: after 4,000 overflow-free steps from the default 2¹⁶ the scale is "
+             f"{_SCALE:,.0f}. Your loop calls clip_grad_norm_(params, {_MAX}) BEFORE scaler.unscale_(opt); the true "
+             f"gradient norm is {_NORM}. What does the step apply?",
+             [f"A gradient of norm {_MAX / _SCALE:.1e}: {_NORM * _SCALE / _MAX:,.0f}× smaller than the true one",
+              f"The true gradient: its norm {_NORM} is under {_MAX}, nothing is clipped",
+              f"A gradient of norm {_MAX}: clipped to the threshold",
+              "Nothing: GradScaler skips a step whose gradients were clipped"], 0,
+             [f"Right: clipping sees the scaled norm {_NORM} × {_SCALE:,.0f} = {_NORM * _SCALE:,.0f} and cuts it to "
+              f"{_MAX}; scaler.step then divides by {_SCALE:,.0f}: {_MAX}/{_SCALE:,.0f} = {_MAX / _SCALE:.1e}. "
+              "Call scaler.unscale_(opt) first.",
+              "That compares the true norm; before unscale_ the gradients are still multiplied by the scale.",
+              f"Clipped to {_MAX} while scaled, then divided by the scale in scaler.step.",
+              "The scaler skips only on inf/NaN; a clipped gradient is finite."],
              transfer=True),
     Question(f"Under bf16 autocast, the tiny GPT's activations are {_RATIO[16]:.2f}× its FP32 activations at batch 16. "
-             "You cut the micro-batch to 4. What happens to that ratio?",
-             ["It stays the same: every activation is half the size", f"It rises, to {_RATIO[4]:.2f}×",
+             "You cut the micro-batch to 2. What happens to that ratio?",
+             ["It stays the same: every activation is half the size", f"It rises, to {_RATIO[2]:.2f}×",
               "It falls towards 0.5", "It becomes 1: autocast stops casting"], 1,
              ["Not every activation is 16-bit, and not everything saved is an activation.",
               "Right: the bf16 copies of the weights that autocast saves for backward do not shrink with the batch, so "
@@ -75,6 +87,5 @@ QUESTIONS = [
               "Right: an update smaller than half the bf16 spacing near the weight (2⁻⁹ to 2⁻⁸ of |w|) rounds away; "
               "the lesson measured a large share of updates lost and a loss that falls behind.",
               "Range is not the problem; precision (7 mantissa bits) is.",
-              "bf16 has fewer mantissa bits than FP16: it needs the master more."],
-             transfer=True),
+              "bf16 has fewer mantissa bits than FP16: it needs the master more."]),
 ]

@@ -1,9 +1,15 @@
-"""Lesson 07 quiz: shown by `quiz("07_gradient_accumulation")`. Its 7B figure comes from the numbers kit."""
+"""Lesson 07 quiz: shown by `quiz("07_gradient_accumulation")`. Its figures come from the helpers."""
 
-from m11_helpers.quantities import format_gb, value
+from m11_helpers.config import GPT3_175B, param_count
+from m11_helpers.gradient_accumulation import accumulation_steps_for, global_batch
+from m11_helpers.model_states import gradient_bytes
+from m11_helpers.quantities import GB
 from m11_helpers.quiz import Question
 
-_GRADS = format_gb(value("7b.grad_bytes.autocast"))  # fp32 gradients under torch.amp autocast
+_P175, _FSDP_N = param_count(GPT3_175B), 64  # the lesson measures 2 ranks and a tiny model
+_FULL_GRADS = gradient_bytes(_P175, "fsdp2-mp")  # fp32 gradients: 4 B/param
+_TARGET, _MICRO, _W1, _W2 = 1536, 4, 8, 48  # sequences per step, per micro-batch; GPUs before and after
+_K1, _K2 = accumulation_steps_for(_TARGET, _MICRO, _W1), accumulation_steps_for(_TARGET, _MICRO, _W2)
 
 QUESTIONS = [
     Question("You accumulate K = 8 micro-batches in fp16 with a GradScaler, and clip the gradient norm. When do you "
@@ -41,20 +47,22 @@ QUESTIONS = [
               "Right: the lesson measured a gradient tens of percent off on a tiny model; LayerNorm (per sample) "
               "keeps accumulation exact.",
               "The gradient flows through the batch mean and variance, which now come from 64 samples.",
-              "BatchNorm works on any batch of more than one sample."], transfer=True),
-    Question("Under FSDP2 (ZeRO-3) you call set_requires_gradient_sync(False) on 7 of 8 micro-batches. What do you "
-             "trade?",
-             ["Nothing: fewer reduce-scatters, same memory",
-              "7 of 8 reduce-scatters skipped, but each rank holds the unsharded gradients of the whole model between "
-              "micro-batches",
-              "The gradients become wrong: FSDP2 cannot accumulate",
-              "More all-gathers: the parameters stay unsharded"], 1,
-             ["The skipped reduce-scatter is what shards the gradients; without it they stay full size.",
-              "Right: measured on 2 ranks, full gradient bytes per rank until the 8th backward; for the 7B under "
-              f"autocast that is the whole {_GRADS} of fp32 gradients. Reduce-scattering every micro-batch keeps them "
-              "sharded (DeepSpeed ZeRO-2/3 refuse no_sync for this reason).",
-              "They accumulate in the unsharded gradient and are reduce-scattered on the last micro-batch.",
-              "Sync controls gradient communication; parameter gathering is unchanged."], transfer=True),
+              "BatchNorm works on any batch of more than one sample."]),
+    Question(f"GPT-3 (175B) trains under FSDP2 (ZeRO-3) on {_FSDP_N} GPUs with fp32 gradients and K = 8 micro-batches. "
+             "To save communication you call set_requires_gradient_sync(False) on the first 7. Between micro-batches, "
+             "each rank holds gradients of…",
+             [f"{_FULL_GRADS / GB:.0f} GB: every parameter's, unsharded",
+              f"{_FULL_GRADS / _FSDP_N / GB:.1f} GB: its 1/{_FSDP_N} shard, as with sync",
+              f"{_FULL_GRADS / 2 / GB:.0f} GB: bf16, like the gathered parameters",
+              "Nothing: FSDP2 frees each gradient after backward"], 0,
+             [f"Right: the skipped reduce-scatter is what shards a gradient, so each rank accumulates the whole "
+              f"model's: 4 B × {_P175 / 1e9:.0f}B = {_FULL_GRADS / GB:.0f} GB, more than any GPU holds (the lesson "
+              "measured the same effect on 2 ranks). Reduce-scatter every micro-batch instead (DeepSpeed ZeRO-2/3 "
+              "refuse no_sync for this reason).",
+              f"That is with sync: {_FULL_GRADS / GB:.0f} GB / {_FSDP_N} after each reduce-scatter.",
+              "The gradients are kept in the reduce dtype, fp32 here; only the parameters were gathered in bf16.",
+              "They accumulate in the unsharded gradient until the 8th micro-batch's reduce-scatter."],
+             transfer=True),
     Question("fp16, GradScaler, linear warm-up scheduler. The scaler skips 3 steps early in training; your loop "
              "calls scheduler.step() after every scaler.step(). What happens?",
              ["Nothing: a skipped step is invisible to the scheduler, as it should be",
@@ -83,4 +91,13 @@ QUESTIONS = [
              ["That weights a token of a short micro-batch more than one of a long micro-batch.",
               "Right: every token counts once, whatever micro-batch it sits in.",
               "Sequences are not tokens: still wrong when lengths differ.", "Measured in the lesson: they differ."]),
+    Question(f"A run keeps a global batch of {_TARGET:,} sequences with micro-batches of {_MICRO} on {_W1} GPUs "
+             f"(K = {_K1}). It moves to {_W2} GPUs with the same micro-batch and the same global batch. K becomes…",
+             [str(_K2), str(_K1), str(_K1 * _W2 // _W1), "1: more GPUs replace accumulation"], 0,
+             [f"Right: K = B / (micro · N) = {_TARGET} / ({_MICRO} × {_W2}) = {_K2}; the global batch "
+              f"{_MICRO} × {_K2} × {_W2} = {global_batch(_MICRO, _K2, _W2):,} stays, so the hyper-parameters hold.",
+              f"Keeping K = {_K1} grows the global batch to {global_batch(_MICRO, _K1, _W2):,}: a different training run.",
+              "That multiplies K by the GPUs' ratio instead of dividing by it.",
+              f"Only when micro · N reaches the global batch: {_MICRO} × {_W2} = {_MICRO * _W2} < {_TARGET}."],
+             transfer=True),
 ]

@@ -16,7 +16,7 @@ _GIB = 2**30
 _MAT = {s: attention_matrix_bytes(1, _H, s, 2) / _GIB for s in (_S, 2 * _S)}  # one layer's s² matrix, bf16
 _KEEP = {s: qkvo_bytes(1, _H, s, _D, 2) / _GIB for s in (_S, 2 * _S)}  # Q, K, V, O
 _M = A100_SRAM_BYTES // 2  # A100: 192 KiB of SRAM per SM, in 16-bit elements (Dao et al. 2022, §2.1)
-_RATIO = {d: standard_hbm_elements(65536, d) / flash_hbm_elements(65536, d, _M) for d in (64, 128)}
+_RATIO = {d: standard_hbm_elements(65536, d) / flash_hbm_elements(65536, d, _M) for d in (128, 256)}  # lesson: 64, 128
 
 QUESTIONS = [
     Question("FlashAttention computes…",
@@ -40,13 +40,14 @@ QUESTIONS = [
               "The FLOPs are quadratic in both; the memory is not (measured in the lesson: s² against s).",
               "Q, K, V and O have s rows: they grow with s."],
              transfer=True),
-    Question("You switch from head dimension 64 to 128 (same GPU: M = 192 KiB of SRAM). At long sequences, the HBM "
+    Question("You switch from head dimension 128 to 256 (same GPU: M = 192 KiB of SRAM). At long sequences, the HBM "
              "traffic of standard attention divided by FlashAttention's (Algorithm 1)…",
-             [f"falls about 4×, from {_RATIO[64]:.1f}× to {_RATIO[128]:.1f}×",
+             [f"falls about 4×, from {_RATIO[128]:.2f}× to {_RATIO[256]:.2f}×",
               "doubles: a larger d means more reuse per tile", "stays the same: the ratio only depends on N",
               "grows like N: FlashAttention saves O(N)"], 0,
-             ["Right: the ratio tends to M/(3d²). Larger heads leave fewer keys per SRAM tile (B_c = ⌈M/4d⌉), "
-              "so K and V are re-streamed more often for each query.",
+             ["Right: the ratio tends to M/(3d²), so doubling d divides it by 4: "
+              f"{_RATIO[128]:.2f}/4 ≈ {_RATIO[256]:.2f}. Larger heads leave fewer keys per SRAM tile (B_c = ⌈M/4d⌉), "
+              "so K and V are re-streamed more often for each query; below 1× FlashAttention moves MORE bytes.",
               "The tile holds fewer rows when each row is longer: less reuse, not more.",
               "N cancels out at long sequences; M and d do not.",
               "That is the memory saving (s² → s), not the traffic one: the traffic ratio is a constant."],

@@ -1,12 +1,16 @@
 """Lesson 10 quiz: shown by `quiz("10_cloud_spot")`. Its figures come from the helpers, so they match the lesson."""
 
-from m11_helpers.cloud import spot_cost, young_interval
+from m11_helpers.cloud import failures_per_hour, spot_cost, young_interval
 from m11_helpers.quiz import Question
 
 _TAU = {d: young_interval(d, 3 * 3600) / 60 for d in (120, 30)}  # minutes, M = 3 h
-_FOUR = spot_cost(100, 1.0, discount=0.7, preemptions_per_hour=4, checkpoint_seconds=120, restart_seconds=300)
-_OLD_OD = 100 + 120 / 3600 * (int(100 * 60 / _FOUR["interval_minutes"]))  # on-demand charged spot's checkpoints
-_OLD = 1 - _FOUR["spot_hours"] * 0.3 / _OLD_OD
+_GPUS, _DELTA = 2048, 180  # the lesson tabulates 8, 512, 4,096 and 16,384 GPUs, δ = 2 min
+_MTBF = 3600 / failures_per_hour(_GPUS)  # seconds
+_YOUNG = young_interval(_DELTA, _MTBF) / 60  # minutes
+_RATE = 2  # preemptions per hour; the lesson tabulates 0.1, 1 and 4
+_ONE = spot_cost(100, 1.0, discount=0.7, preemptions_per_hour=_RATE, checkpoint_seconds=120, restart_seconds=300)
+_OLD_OD = 100 + 120 / 3600 * (int(100 * 60 / _ONE["interval_minutes"]))  # on-demand charged spot's checkpoints
+_OLD = 1 - _ONE["spot_hours"] * 0.3 / _OLD_OD
 
 QUESTIONS = [
     Question(f"Your run checkpoints at Young's interval: δ = 2 min, M = 3 h, so every {_TAU[120]:.1f} min. An "
@@ -30,17 +34,17 @@ QUESTIONS = [
               "Right: the .metadata maps every tensor slice to a file, so any world size loads it (measured in the "
               "lesson: within 1e-5). Two ranks sum the gradients in another order, so not bitwise.",
               "A different number of ranks adds the partial gradients in a different order: a few ulp apart.",
-              "No gather: each rank reads only what its new shards need."],
-             transfer=True),
-    Question("Spot at 4 preemptions per hour, 70 % discount, 2-minute checkpoints, 5-minute restarts, against an "
-             "on-demand run that nothing interrupts. What does spot save?",
-             ["70 %: the discount", f"{_OLD:.0%}", f"{_FOUR['saving']:.0%}", "Nothing: it costs more"], 2,
+              "No gather: each rank reads only what its new shards need."]),
+    Question(f"Spot at {_RATE} preemptions per hour, 70 % discount, 2-minute checkpoints, 5-minute restarts, against "
+             "an on-demand run that nothing interrupts. What does spot save on 100 hours of work?",
+             ["70 %: the discount", f"{_OLD:.1%}", f"{_ONE['saving']:.1%}", "Nothing: it costs more"], 2,
              ["The list discount, before any preemption is paid for.",
               "That charges the on-demand run spot's checkpoint every "
-              f"{_FOUR['interval_minutes']:.1f} min; an uninterrupted run needs none.",
-              f"Right: spot needs {_FOUR['spot_hours']:.0f} h for 100 h of work; at 30 % of the price that is "
-              f"{_FOUR['saving']:.0%} less than 100 on-demand hours.",
-              "Not yet: the break-even rate is higher (exercise 10.3)."]),
+              f"{_ONE['interval_minutes']:.1f} min; an uninterrupted run needs none.",
+              f"Right: spot checkpoints every √(2δM) = √(2 × 2 min × 30 min) = {_ONE['interval_minutes']:.1f} min and "
+              f"needs {_ONE['spot_hours']:.1f} h (Daly's model) for 100 h of work; at 30 % of the price that is "
+              f"{_ONE['spot_hours'] * 0.3:.1f} against 100: {_ONE['saving']:.1%} less.",
+              "Not at this rate: the break-even rate is higher (exercise 10.3)."], transfer=True),
     Question("The spike guard caught a NaN at step 7 and rolled back to the step-6 checkpoint. You rerun from there "
              "without skipping any batch. What happens?",
              ["The NaN is gone: a rollback resets whatever caused it",
@@ -50,8 +54,7 @@ QUESTIONS = [
               "Right: resume is deterministic, so you must change something: skip the batches (PaLM) or lower the "
               "learning rate (OPT-175B).",
               "Nothing random differs: every RNG state was restored.",
-              "The step-6 weights were good: step 6 runs as before."],
-             transfer=True),
+              "The step-6 weights were good: step 6 runs as before."]),
     Question("With dcp.async_save, what does the training loop still wait for at each checkpoint?",
              ["Nothing", "The copy of its state into CPU memory; the files are written in the background",
               "Every file and the metadata on disk", "Rank 0 gathering the full state dict"], 1,
@@ -60,4 +63,15 @@ QUESTIONS = [
               "benchmark); a checkpoint is complete only when its metadata lands.",
               "That is dcp.save, the synchronous one.",
               "DCP never gathers: each rank writes its own shards."]),
+    Question(f"An on-demand job on {_GPUS:,} GPUs fails at Llama 3's rate of unexpected interruptions (Dubey et al. "
+             f"2024: 419 in 54 days on 16,384 GPUs). A synchronous checkpoint takes {_DELTA // 60} min. Young's "
+             "interval is about…",
+             [f"{_YOUNG:.0f} min", f"{(_DELTA * _MTBF) ** 0.5 / 60:.0f} min", f"{_MTBF / 3600:.1f} h: once per MTBF",
+              f"{young_interval(_DELTA, 3600 / failures_per_hour(16_384)) / 60:.0f} min, as on 16,384 GPUs"], 0,
+             [f"Right: λ = {_GPUS:,} × 419 / (54 × 24 h × 16,384) = {failures_per_hour(_GPUS):.4f}/h, so M = "
+              f"{_MTBF / 60:,.0f} min; τ = √(2δM) = √(2 × {_DELTA // 60} × {_MTBF / 60:,.0f}) = {_YOUNG:.0f} min.",
+              "That is √(δM): Young's optimum has the factor 2, τ = √(2δM).",
+              "Checkpointing once per MTBF loses half an MTBF of work per failure on average: far more than "
+              "the saves cost.",
+              "M grows as the job shrinks: 8× fewer GPUs, 8× the MTBF, √8× the interval."], transfer=True),
 ]

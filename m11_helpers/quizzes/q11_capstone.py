@@ -8,11 +8,13 @@ from m11_helpers.quiz import Question
 
 _R = RUNNING_EXAMPLE
 _DDP = predict_gpu_run(_R, 8, parallel="ddp")  # autocast
-_REC = predict_gpu_run(_R, 8, ac=True)
-_FLASH = predict_gpu_run(_R, 8, flash=True)
+_REC = predict_gpu_run(_R, 16, ac=True)  # the lesson plans 8 GPUs; this question, 16
+_FLASH = predict_gpu_run(_R, 16, flash=True)
+_FLASH8 = predict_gpu_run(_R, 8, flash=True)
 _FSDP = predict_gpu_run(_R, 8)  # FSDP2 + bf16, no flash
 _COPIES = value("7b.autocast_weight_copies") / GB
-_K1, _K4 = plan_run(Flags("fsdp2"), 2), plan_run(Flags("fsdp2", accum=4), 2)
+_K = 8  # the lesson's grid has K = 1, 2, 4
+_K1, _KK = plan_run(Flags("fsdp2"), 2), plan_run(Flags("fsdp2", accum=_K), 2)
 _HALF = plan_run(Flags("fsdp2", bf16=True), 2)["activations"] / _K1["activations"]
 
 QUESTIONS = [
@@ -24,33 +26,35 @@ QUESTIONS = [
              ["Recomputation shrinks the activations, but the model states alone exceed 80 GiB on every rank.",
               f"Accumulation shrinks activations per micro-batch; DDP still replicates the {_DDP['states'] / GB:.0f} GB "
               "of states.",
-              f"Right: the states shrink to {_FLASH['states'] / GB:.1f} GB per GPU, and bf16 parameters keep the "
+              f"Right: the states shrink to {_FLASH8['states'] / GB:.1f} GB per GPU, and bf16 parameters keep the "
               f"activations in 16 bits ({_FSDP['activations'] / GB:.0f} GB): it fits, tightly.",
               "Data parallelism replicates the model states: more DDP ranks never lower them."]),
-    Question(f"FSDP2 + bf16 + full recomputation plans {_REC['total'] / GiB:.0f} GiB per GPU for the 7B. You turn "
-             "recomputation off and use PyTorch's fused attention (SDPA: FlashAttention on an H100) instead. What "
-             "happens to the plan?",
-             [f"It still fits, at {_FLASH['total'] / GiB:.0f} GiB, and each step needs a quarter less compute",
+    Question(f"FSDP2 + bf16 + full recomputation plans {_REC['total'] / GiB:.1f} GiB per GPU for the 7B on 16 × H100. "
+             "You turn recomputation off and use PyTorch's fused attention (SDPA: FlashAttention on an H100) instead. "
+             "What happens to the plan?",
+             [f"It still fits, at {_FLASH['total'] / GiB:.1f} GiB, and each step needs a quarter less compute",
               "It no longer fits: without recomputation every layer keeps its 4096 × 4096 attention scores",
               "Nothing changes: the attention kernel does not affect memory",
               "Memory is unchanged, only the step gets faster"], 0,
              ["Right: the fused kernel never stores the a·s² scores (Dao et al. 2022), so one sequence keeps "
-              f"{_FLASH['activations'] / GB:.1f} GB — and 6Ψ instead of 8Ψ FLOPs per token.",
+              f"{_FLASH['activations'] / GiB:.1f} GiB beside {_FLASH['states'] / GiB:.1f} GiB of states (16Ψ/16): "
+              f"{_FLASH['total'] / GiB:.1f} GiB — and 6Ψ instead of 8Ψ FLOPs per token.",
               "The scores are exactly what the fused kernel does not store: it recomputes them block by block.",
               "Textbook attention keeps 32 heads × 4096² scores per layer; the fused kernel keeps a log-sum-exp.",
               "The saving is memory first: tens of GB per sequence."], transfer=True),
-    Question("The reference script runs FSDP2 with --accum 1 on 2 ranks. You set --accum 4 at the same global batch. "
+    Question(f"The reference script runs FSDP2 with --accum 1 on 2 ranks. You set --accum {_K} at the same global batch. "
              "Per rank and step, what happens to the activations kept and to the elements communicated?",
              ["Both stay the same: the global batch did not change",
-              f"Activations ÷ 4; elements × {_K4['comm_elements'] / _K1['comm_elements']:.1f}: every micro-batch "
-              "all-gathers the weights again, the reduce-scatter still runs once",
-              "Activations ÷ 4; elements ÷ 4", "Activations unchanged; elements × 4"], 1,
-             ["Activations are kept per micro-batch, and a micro-batch is now a quarter of the rank's share.",
-              f"Right (the plan, which the lesson measured exact for K = 2): {_K1['comm_elements']:,} → {_K4['comm_elements']:,} elements. "
+              f"Activations ÷ {_K}; elements × {_KK['comm_elements'] / _K1['comm_elements']:.1f}",
+              f"Activations ÷ {_K}; elements ÷ {_K}", f"Activations unchanged; elements × {_K}"], 1,
+             [f"Activations are kept per micro-batch, and a micro-batch is now 1/{_K} of the rank's share.",
+              f"Right: every micro-batch all-gathers the weights again (forward and backward), the reduce-scatter "
+              f"still runs once: {_K1['comm_elements']:,} → {_KK['comm_elements']:,} elements (capstone_plan.plan_run, "
+              "which the lesson measured exact for K = 2). "
               "set_requires_gradient_sync skips the reduce-scatters, not the all-gathers: the shards must be "
               "gathered for every forward and backward.",
               "Skipping the gradient sync saves reduce-scatters; the all-gathers grow with K.",
-              "Each micro-batch is a quarter the size, and so are its activations."], transfer=True),
+              f"Each micro-batch is 1/{_K} the size, and so are its activations."], transfer=True),
     Question("You move a run from DDP + bf16 autocast to FSDP2 with MixedPrecisionPolicy(param_dtype=bf16). What "
              f"happens to the bf16 weight copies autocast kept from forward to backward ({_COPIES:.1f} GB for the 7B)?",
              ["They grow: FSDP2 keeps a bf16 copy of every shard as well",

@@ -1,6 +1,14 @@
 """Lesson 12 quiz: shown by `quiz("12_long_context_moe")`."""
 
+from m11_helpers.comm_model import HGX_H100
+from m11_helpers.hsdp import hsdp_vs_fsdp
 from m11_helpers.quiz import Question
+
+_NODES, _G = 4, HGX_H100.gpus  # the lesson compares 8 nodes; this quiz, 4
+_N = _NODES * _G
+_X = hsdp_vs_fsdp(1.0, _NODES, HGX_H100)  # per GPU, bytes per byte of parameters (= gradients here)
+_GAIN = _X["fsdp_inter_bytes"] / _X["hsdp_inter_bytes"]
+_NODE_MISTAKE = _X["fsdp_inter_bytes"] * _G / _X["hsdp_inter_bytes"]  # a node's FSDP bytes against one GPU's HSDP
 
 QUESTIONS = [
     Question("Megatron sequence parallelism replaces each tensor-parallel all-reduce with a reduce-scatter and an "
@@ -35,21 +43,20 @@ QUESTIONS = [
               "buffers (Switch, GShard) pay for that headroom in memory, FLOPs and bytes.",
               "Capacity is a training-time buffer size: tokens over it get no expert output.",
               "A larger buffer can only keep more assignments.",
-              "The aux loss depends on the router's choices and probabilities, not on the capacity."],
-             transfer=True),
-    Question("HSDP on 8 nodes of 8 H100 (shard inside a node, replicate across) instead of FSDP over all 64 GPUs. "
-             "Per GPU and step, the bytes crossing the inter-node network…",
+              "The aux loss depends on the router's choices and probabilities, not on the capacity."]),
+    Question(f"HSDP on {_NODES} nodes of {_G} H100 (8 rails; shard inside a node, replicate across) instead of FSDP "
+             f"over all {_N} GPUs, parameters and gradients S bytes each. Per GPU and step, the bytes crossing the "
+             "inter-node network…",
              ["are the same: both move every gradient once",
-              "shrink by about 1.7×: each GPU all-reduces only its 1/8 gradient shard across nodes, 2·(7/8)·S/8, "
-              "against FSDP's 3·(63/64)·S/8 (2 all-gathers and a reduce-scatter, each node's share split over its "
-              "8 rails)",
-              "shrink by about 13×: FSDP pushes its 3·(63/64)·S through each GPU's NIC",
-              "drop to zero"], 1,
+              f"shrink by about {_GAIN:.2f}×", f"shrink by about {_NODE_MISTAKE:.1f}×", "drop to zero"], 1,
              ["FSDP's all-gathers and reduce-scatter all cross nodes; HSDP keeps them on NVLink.",
-              "Right (lesson 02's rail model). The price is 8× more parameter memory per GPU than FSDP; the gain in "
-              "time is small on 8-rail nodes, large with one NIC per node or at scale (latency).",
+              f"Right (lesson 02's rail model): HSDP all-reduces each GPU's 1/{_G} gradient shard across nodes, "
+              f"2·({_NODES - 1}/{_NODES})·S/{_G}; FSDP runs 2 all-gathers and a reduce-scatter over {_N} ranks, "
+              f"3·({_N - 1}/{_N})·S/{_G} (each node's share split over its {_G} rails): "
+              f"{3 * (_N - 1) / _N:.3f}/{2 * (_NODES - 1) / _NODES:.3f} = {_GAIN:.2f}. The price is {_G}× more "
+              "parameter memory per GPU than FSDP.",
               "That counts a whole node's bytes against one GPU's: NCCL's flat ring leaves a node once per ring, "
-              "and it runs one ring per NIC, each carrying 1/8 of S.",
+              f"and it runs one ring per NIC, each carrying 1/{_G} of S.",
               "The gradient shards still have to be averaged across replicas."],
              transfer=True),
     Question("The overlap arithmetic says FSDP over 64 H100s on 8-rail nodes hides behind compute above ~1,200 tokens "
