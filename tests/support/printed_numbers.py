@@ -36,10 +36,25 @@ def numbers(text: str) -> list[tuple[float, float]]:
     return found
 
 
+# a cell that times or fits something prints a different figure on every machine and run (CONTRIBUTING: such
+# cells are not checked); a derived answer may equal one of them by chance, so their outputs are left out
+_MEASURES = re.compile(r"time|bench|measur|throughput|speed|profil|fit", re.I)
+_UNITS = re.compile(r"\d\s?(?:ms|µs|us|ns|s)\b|/s\b|per second", re.I)
+
+
+def _checked(cell) -> bool:
+    return cell.source.lstrip().startswith("# NBVAL_CHECK_OUTPUT")
+
+
 def notebook_text(nb, outputs: bool = True) -> str:
-    """Markdown cells and, if asked, every output's text/plain, stream and text/html (tags stripped)."""
+    """Markdown cells and, if asked, the outputs (text/plain, stream, text/html with tags stripped) of every
+    checked cell and of every other cell that neither times nor fits (source) nor prints a time or a rate."""
     parts = [c.source for c in nb.cells if c.cell_type == "markdown"]
     for cell in nb.cells if outputs else []:
+        if cell.cell_type != "code" or (not _checked(cell) and (_MEASURES.search(cell.source) or any(
+                _UNITS.search(o.get("text", "") + o.get("data", {}).get("text/plain", ""))
+                for o in cell.get("outputs", [])))):
+            continue
         for out in cell.get("outputs", []):
             if out.get("output_type") == "stream":
                 parts.append(out.get("text", ""))
