@@ -49,12 +49,20 @@ class DeviceError(RuntimeError):
     """A tensor made without a device reached a collective: gloo would take it, NCCL would not."""
 
 
-_origins: WeakIdKeyDictionary = WeakIdKeyDictionary()  # tensor -> "file:line" of the factory call
+# tensor -> "file:line" of its factory call, made by the first check: a process that only launches (a
+# notebook's kernel, whose kit modules the grader's guard compares with a fresh import) holds none
+_registry: list = []
+
+
+def _origins() -> WeakIdKeyDictionary:
+    if not _registry:
+        _registry.append(WeakIdKeyDictionary())
+    return _registry[0]
 
 
 def origin(t: torch.Tensor) -> str | None:
     """Where `t` (or the tensor it derives from) was made without a device, or None."""
-    return _origins.get(t)
+    return _registry[0].get(t) if _registry else None
 
 
 def _caller() -> str | None:
@@ -78,31 +86,31 @@ class DeviceCheck(TorchFunctionMode):
     """Tag tensors made without a device in user code; carry the tag through ops on tagged inputs only."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
+        kwargs, origins = kwargs or {}, _origins()
         out = func(*args, **kwargs)
         if func in _FACTORIES:
             if kwargs.get("device") is None and isinstance(out, torch.Tensor) and out.device.type == "cpu" \
                     and not (args and isinstance(args[0], torch.Tensor)):
                 where = _caller()
                 if where:
-                    _origins[out] = where
+                    origins[out] = where
             return out
-        if not _origins:
+        if not origins:
             return out
         if isinstance(out, torch.Tensor):
             if func in _MOVES and ("device" in kwargs or any(isinstance(a, (str, torch.device)) for a in args[1:])):
-                _origins.pop(out, None)  # moved to a device on purpose (on CPU `.to("cpu")` may return itself)
+                origins.pop(out, None)  # moved to a device on purpose (on CPU `.to("cpu")` may return itself)
                 return out
             outs: tuple = (out,)
         elif isinstance(out, (tuple, list)):  # chunk, split, unbind: every piece lives where its source does
             outs = tuple(t for t in out if isinstance(t, torch.Tensor))
         else:
             return out
-        found = [_origins.get(t) for t in _tensors(args, kwargs)]
+        found = [origins.get(t) for t in _tensors(args, kwargs)]
         if found and all(found):
             for t in outs:
-                if t not in _origins:
-                    _origins[t] = found[0]
+                if t not in origins:
+                    origins[t] = found[0]
         return out
 
 
@@ -117,11 +125,12 @@ def _check(name: str, args: tuple, kwargs: dict) -> None:
         items = a if isinstance(a, (list, tuple)) else (a,)
         for t in items:
             t = getattr(t, "tensor", t)  # a P2POp of batch_isend_irecv
-            if isinstance(t, torch.Tensor) and t in _origins:
+            where = origin(t) if isinstance(t, torch.Tensor) else None
+            if where:
                 raise DeviceError(  # NCCL's words first: a launcher's one-line summary keeps 200 characters
                     f"dist.{name}() fails on GPUs with NCCL's \"No backend type associated with device type cpu\" "
                     f"(older torch: \"Tensors must be CUDA and dense\"): its tensor was made without a device at "
-                    f"{_origins[t]} (gloo takes it). Make it on the data's device: x.new_empty(...), "
+                    f"{where} (gloo takes it). Make it on the data's device: x.new_empty(...), "
                     f"torch.zeros_like(x), device=x.device, or launch.rank_device()")
 
 
