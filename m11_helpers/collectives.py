@@ -155,7 +155,7 @@ def ring_all_gather(chunk: torch.Tensor, numel: int | None = None, trace: list |
     """
     rank, n, _, _ = _where()
     numel = chunk.numel() * n if numel is None else numel
-    out = (torch.zeros if trace is not None else torch.empty)(numel, dtype=chunk.dtype)  # (numel,)
+    out = (torch.zeros if trace is not None else torch.empty)(numel, dtype=chunk.dtype, device=chunk.device)  # (numel,)
     chunks = ring_chunks(out, n)
     if chunks[rank].numel() != chunk.numel():
         raise ValueError(f"chunk has {chunk.numel()} elements but chunk {rank} of numel={numel} over {n} "

@@ -96,6 +96,10 @@ def _names(nodes: list[ast.AST]) -> set[str]:
     return out
 
 
+def _is_factory(f: ast.AST | None) -> bool:
+    return isinstance(f, ast.Attribute) and f.attr in FACTORIES and _dotted(f.value) == "torch"
+
+
 def _scope_findings(scope: ast.AST) -> Iterator[tuple[int, str, str]]:
     nodes = list(_scope_nodes(scope))
     calls = [n for n in nodes if isinstance(n, ast.Call)]
@@ -105,9 +109,10 @@ def _scope_findings(scope: ast.AST) -> Iterator[tuple[int, str, str]]:
         for c in calls:
             if id(c) in moved:
                 continue  # torch.randn(..., generator=g).to(device): drawn on the CPU generator, then moved
-            f = c.func
-            if isinstance(f, ast.Attribute) and f.attr in FACTORIES and _dotted(f.value) == "torch" \
-                    and not any(k.arg == "device" for k in c.keywords):
+            # `(torch.zeros if traced else torch.empty)(n)` chooses its factory: each branch is one
+            f = next((b for b in (c.func.body, c.func.orelse) if _is_factory(b)), None) \
+                if isinstance(c.func, ast.IfExp) else c.func
+            if _is_factory(f) and not any(k.arg == "device" for k in c.keywords):
                 yield c.lineno, "factory-no-device", (
                     f"torch.{f.attr}() without device= in code that runs a collective: NCCL rejects a CPU "
                     f"buffer; make it from the data (x.new_{'empty' if f.attr == 'empty' else 'zeros'}(...), "

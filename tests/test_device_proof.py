@@ -54,13 +54,17 @@ def bad_memory(model, x):
     tracemalloc.start()
     model(x).sum().backward()
     return tracemalloc.get_traced_memory()[1]
+
+def bad_chosen_factory(x, traced):
+    out = (torch.zeros if traced else torch.empty)(4)
+    dist.all_reduce(out)
 '''
 
 
 def test_each_lint_rule_fires_on_its_planted_mistake_and_only_there():
     found = {(f.line, f.rule) for f in lint_source(PLANTED, "planted.py")}
     assert found == {(5, "factory-no-device"), (18, "rng-cpu-only"), (19, "rng-cpu-only"), (20, "rng-cpu-only"),
-                     (24, "timing-unsynced"), (36, "memory-cpu-only")}
+                     (24, "timing-unsynced"), (36, "memory-cpu-only"), (41, "factory-no-device")}
 
 
 def test_the_package_scripts_notebooks_and_wrong_answers_are_clean():
