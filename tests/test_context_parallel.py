@@ -16,7 +16,7 @@ from m11_helpers.context_parallel import (
     unshard_sequence,
 )
 from m11_helpers.grading.observe import record_comm
-from m11_helpers.launch import launch
+from m11_helpers.launch import launch, rank_device
 
 SHAPE = (2, 3, 32, 8)  # (B, H, T, D)
 
@@ -28,7 +28,7 @@ def _inputs():
 
 def _on_ranks():
     r, n = dist.get_rank(), dist.get_world_size()
-    q, k, v, do = _inputs()
+    q, k, v, do = (t.to(rank_device()) for t in _inputs())  # the rank's data on its device (NCCL: its GPU)
     res = {}
     for causal in (False, True):
         for layout in LAYOUTS:

@@ -7,7 +7,7 @@ import torch.distributed as dist
 from m11_helpers import sequence_parallel as sp
 from m11_helpers import tensor_parallel as tp
 from m11_helpers.grading.observe import record_comm
-from m11_helpers.launch import LaunchError, launch
+from m11_helpers.launch import LaunchError, launch, rank_device
 from m11_helpers.memory import saved_activation_bytes
 from m11_helpers.models import tiny_gpt
 from m11_helpers.sequence_parallel import (
@@ -28,7 +28,7 @@ def _data():
 
 def _on_ranks():
     r, n = dist.get_rank(), dist.get_world_size()
-    x, w = _data()
+    x, w = (t.to(rank_device()) for t in _data())  # the rank's data on its device (NCCL: its GPU)
     out = {}
     for regather in (True, False):
         block = SPBlock(tiny_gpt(0).blocks[0].double(), regather=regather)
@@ -45,7 +45,7 @@ def _on_ranks():
     tp.COMM.clear()
     (tpb(x.clone().requires_grad_()) * w).sum().backward()
     out["tp"] = {"comm": tp.COMM.table(), "acts": saved_activation_bytes(tpb, x.clone().requires_grad_())}
-    z = torch.arange(float(B * T * C)).view(B, T, C) * (r + 1)  # g and ḡ on their own
+    z = torch.arange(float(B * T * C), device=x.device).view(B, T, C) * (r + 1)  # g and ḡ on their own
     out["g"] = gather_sequence(z.chunk(n, dim=1)[r])
     out["gbar"] = scatter_sequence(z)
     return out

@@ -20,12 +20,14 @@ def _rank():
     import torch.distributed as dist
 
     from m11_helpers.context_parallel import ring_attention
+    from m11_helpers.launch import rank_device
     from m11_helpers.ulysses import ulysses_attention
 
     rank, n = dist.get_rank(), dist.get_world_size()
     out = {}
     for name, fn in (("ulysses", ulysses_attention), ("ring", ring_attention)):
-        q, k, v, do = (shard_sequence(t, rank, n).clone().requires_grad_(i < 3) for i, t in enumerate(_inputs()))
+        q, k, v, do = (shard_sequence(t.to(rank_device()), rank, n).clone().requires_grad_(i < 3)
+                       for i, t in enumerate(_inputs()))
         stats: dict = {}
         o = fn(q, k, v, causal=True, stats=stats)
         o.backward(do)
