@@ -148,7 +148,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     class ByFile(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::")[0]
-            if path.startswith("course/") or path in ("tests/test_browser.py", "tests/test_site.py"):
+            # the course, and the tests that read its executed copies (`after_course`: decks, site, quiz answers)
+            if path.startswith("course/") or path in ("tests/test_browser.py", "tests/test_site.py",
+                                                       "tests/test_quizzes.py"):
                 return "course"
             if path == "tests/test_wrong_answers.py" and nodeid.endswith("]"):
                 return f"{path}::{nodeid.rsplit('[', 1)[1].split('-')[0]}"  # [02_collectives], [00_welcome-0]
