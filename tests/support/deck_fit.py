@@ -1,7 +1,11 @@
 """Does every slide fit an instructor's screen? Each slide of a deck measured at 1280 × 720, as presented.
 
     report = fit_deck(page, deck)        # {"slides": n, "tall": [...], "wide": [...]} for one deck
-    python tests/support/deck_fit.py [--executed DIR]   # every course deck: counts per lesson
+    python tests/support/deck_fit.py                  # every course deck: counts per lesson
+    python tests/support/deck_fit.py --lesson 05      # one deck, with each misfit slide and why
+
+A deck is built from the lesson's executed copy when `make test-lesson N=NN` (nbval) left a fresh one in
+build/test-artifacts/executed, else from the stored notebook (checked outputs only): execute first.
 
 A slide does not fit when it is taller than the slide box (its content needs the scroll bar the deck
 template gives it: scrolling counts as not fitting) or when it holds something wider than its box: a
@@ -62,8 +66,11 @@ def main(argv: list[str] | None = None) -> int:
     from support.browser import Chromium
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.parse_args(argv)
-    sources = deck_sources()
+    parser.add_argument("--lesson", help="two-digit lesson number: that deck only, every misfit listed")
+    args = parser.parse_args(argv)
+    sources = {k: v for k, v in deck_sources().items() if args.lesson is None or k.startswith(args.lesson + "_")}
+    if not sources:
+        parser.error(f"--lesson {args.lesson!r}: no course notebook starts with it")
     total = {"slides": 0, "misfits": 0}
     with tempfile.TemporaryDirectory() as tmp, Chromium(offline=True, width=1280, height=720) as page:
         print(f"{'lesson':<30} {'slides':>6} {'tall':>5} {'wide':>5} {'misfit':>6}  from")
@@ -73,6 +80,11 @@ def main(argv: list[str] | None = None) -> int:
             total["misfits"] += r["misfits"]
             print(f"{stem:<30} {r['slides']:>6} {len(r['tall']):>5} {len(r['wide']):>5} {r['misfits']:>6}  "
                   f"{'executed' if ran else 'stored'}")
+            if args.lesson is not None:
+                for slide, over in r["tall"]:
+                    print(f"  slide {slide}: {over} px taller than the slide")
+                for slide, what in r["wide"]:
+                    print(f"  slide {slide}: too wide: {what}")
     print(f"{'total':<30} {total['slides']:>6} {'':>5} {'':>5} {total['misfits']:>6}")
     return 0
 
