@@ -6,7 +6,8 @@ Every reader of a graded notebook takes its words from here: the exercise genera
 so anything may import it (the guard and the sandbox too).
 
 A cell's `metadata.m11` is a dict: `{"exercise": "3.2", "role": "solution"}` around the answer,
-`{"exercise": "3.2", "role": "check", "points": 2}` on a check cell, and `{"role": "course"}`, which
+`{"exercise": "3.2", "role": "check", "points": 2, "kind": "build"}` on a check cell (`kind`: one of
+KINDS, what the exercise asks of the learner), and `{"role": "course"}`, which
 only the grader writes, on the course's own cells in the graded copy (the guard keeps what they define).
 """
 
@@ -16,11 +17,20 @@ from typing import Any, Mapping
 
 __all__ = ["META", "EXERCISE", "ROLE", "POINTS", "SOLUTION", "CHECK", "COURSE", "AUTHOR_ROLES",
            "BEGIN_SOLUTION", "END_SOLUTION", "BEGIN_HIDDEN", "END_HIDDEN", "CODE_STUB", "ANSWER_STUB",
-           "CHECK_OUTPUT", "m11_meta", "role_of", "exercise_of"]
+           "CHECK_OUTPUT", "KIND", "KINDS", "TRANSCRIBE", "m11_meta", "role_of", "exercise_of"]
 
 META = "m11"  # the cell metadata key
 EXERCISE, ROLE, POINTS = "exercise", "role", "points"  # its keys
 SOLUTION, CHECK, COURSE = "solution", "check", "course"  # its roles
+KIND = "kind"  # a check cell's key: what the exercise asks of the learner, one of KINDS
+TRANSCRIBE = "transcribe"
+KINDS = {  # the exercise kinds, as authoring/kinds.py counts points (at most 10 % transcription per lesson)
+    "build": "write the mechanism itself (a collective, a schedule, a sharded optimizer), checked on real ranks",
+    "derive": "work out a quantity or a rule the lesson did not print, from first principles",
+    "measure": "design and run a measurement, then read the mechanism from it",
+    "diagnose": "find and fix what a broken run or an implementation gets wrong",
+    TRANSCRIBE: "turn a rule the lesson printed into code",
+}
 AUTHOR_ROLES = (SOLUTION, CHECK)  # what an author writes; COURSE is the grader's alone
 
 BEGIN_SOLUTION, END_SOLUTION = "### BEGIN SOLUTION", "### END SOLUTION"  # the answer: a stub in exercises/
