@@ -27,6 +27,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from support.units import cost_order, known_seconds, record, unit_of
 from support.wheel import ROOT, cleanup, kernel_env, kernel_records, stuck_kernels, wheel_site
 
 ANCHOR = "test_course_notebooks.py"  # collecting this file collects the course notebooks' copies
@@ -132,8 +133,10 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector):
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests that read this session's executed notebooks (marker `after_course`) run after the course."""
-    items.sort(key=lambda item: item.get_closest_marker("after_course") is not None)
+    """The costliest scheduler units first (tests/support/units.py), each unit's tests in file order;
+    tests that read this session's executed notebooks (marker `after_course`) last in the course's unit."""
+    unit_cost = cost_order([item.nodeid for item in items])
+    items.sort(key=lambda item: (unit_cost(item.nodeid), item.get_closest_marker("after_course") is not None))
 
 
 @pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook (`make test` runs `-n 3`): absent without it
@@ -142,21 +145,22 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     course notebooks and the browser tests are one unit, so a notebook's cells run in order in one
     kernel and the deck tests (`after_course`) see this session's executed notebooks. The wrong-answer
     runs are one unit per lesson (its run and its sample check share one graded run): as one file they
-    were a third of the suite on one worker, the longest path of a 3-worker run."""
+    were a third of the suite on one worker, the longest path of a 3-worker run. Units go out in the
+    collection's order, the costliest first (pytest_collection_modifyitems), not xdist's by test count."""
     from xdist.scheduler import LoadScopeScheduling
+
+    config.option.loadscopereorder = False
 
     class ByFile(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            path = nodeid.split("::")[0]
-            # the course, and the tests that read its executed copies (`after_course`: decks, site, quiz answers)
-            if path.startswith("course/") or path in ("tests/test_browser.py", "tests/test_site.py",
-                                                       "tests/test_quizzes.py"):
-                return "course"
-            if path == "tests/test_wrong_answers.py" and nodeid.endswith("]"):
-                return f"{path}::{nodeid.rsplit('[', 1)[1].split('-')[0]}"  # [02_collectives], [00_welcome-0]
-            return path
+            return unit_of(nodeid)
 
     return ByFile(config, log)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:  # in the controller too, for each worker's test
+    _state.setdefault("seconds", {})
+    _state["seconds"][report.nodeid] = _state["seconds"].get(report.nodeid, 0.0) + report.duration
 
 
 @pytest.fixture(scope="session")
@@ -219,8 +223,22 @@ def _write_cpu_line(terminalreporter) -> None:
                                 f"{wall:.0f} s of wall time, {(user + system) / wall:.2f} cores busy on average")
 
 
+def _write_units_line(terminalreporter) -> None:
+    """The five costliest scheduler units of this run, and this run's seconds kept for the next one's order."""
+    seconds = _state.get("seconds", {})
+    if hasattr(terminalreporter.config, "workerinput") or not seconds:
+        return
+    units: dict[str, float] = {}
+    for nodeid, s in seconds.items():
+        units[unit_of(nodeid)] = units.get(unit_of(nodeid), 0.0) + s
+    top = sorted(units.items(), key=lambda kv: -kv[1])[:5]
+    terminalreporter.write_line("m11 units: costliest " + ", ".join(f"{u} {s:.0f} s" for u, s in top))
+    record({**known_seconds(), **units})  # units this run did not run keep their last seconds
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     _write_cpu_line(terminalreporter)
+    _write_units_line(terminalreporter)
     workers = [w for w in _state.get("worker_wheels", []) if w and w["site"]]
     records = _wheel_records() + [r for w in workers for r in w["records"]]
     sites = ([str(wheel_site())] if _state["used_wheel"] else []) + [w["site"] for w in workers]
