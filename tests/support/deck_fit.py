@@ -38,21 +38,26 @@ FIT = """new Promise(ok => { M11R.slide(%d, %d, 1e6);
       const r = e.getBoundingClientRect();
       if (r.width > 0 && r.right > edge) wide.push(['past the edge: ' + e.tagName, Math.round(r.right), Math.round(edge), text(e)]);
     }
-    ok({over: Math.max(0, s.scrollHeight - s.clientHeight), height: s.clientHeight, wide: wide});
+    ok({over: Math.max(0, s.scrollHeight - s.clientHeight), height: s.clientHeight, wide: wide,
+        images: s.querySelectorAll('.jp-OutputArea-output img').length});
   })); })"""
 
 
 def fit_deck(page, deck: Path) -> dict:
-    """Every slide of deck (opened in page, a support.browser.Chromium of 1280 × 720) measured for fit."""
+    """Every slide of deck (opened in page, a support.browser.Chromium of 1280 × 720) measured for fit.
+
+    {"slides": n, "tall": [(slide, px over)], "wide": [(slide, boxes)], "misfits": slides in either, "images": plots}
+    """
     from support.browser import wait_for
 
     page.goto(deck.as_uri())
     wait_for(lambda: page.evaluate(f"typeof require === 'function' && new Promise(ok => require(['{REVEAL}'], "
                                    "R => ok(R.isReady())))"), 30, f"{deck.name}'s reveal.js to initialise")
     slides = page.evaluate(SETUP)
-    report: dict = {"slides": len(slides), "tall": [], "wide": []}
+    report: dict = {"slides": len(slides), "tall": [], "wide": [], "images": 0}
     for h, v in slides:
         got = page.evaluate(FIT % (h, v))
+        report["images"] += got["images"]
         if got["over"] > 1:
             report["tall"].append((f"{h}.{v}", got["over"]))
         if got["wide"]:
