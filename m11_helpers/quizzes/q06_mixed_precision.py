@@ -1,7 +1,10 @@
 """Lesson 06 quiz: shown by `quiz("06_mixed_precision")`. Its figures come from the helpers, so they match the lesson."""
 
+import torch
+
 from m11_helpers.activations import activation_bytes, activation_ratio
 from m11_helpers.config import GPT3_175B, TINY_GPT, param_count
+from m11_helpers.fp8_scaling import E4M3_MAX, dequantize, quantize
 from m11_helpers.loss_scaling import update_scale
 from m11_helpers.model_states import bytes_per_param, gradient_bytes
 from m11_helpers.quantities import GB
@@ -16,6 +19,8 @@ _SCALE, _TRACK = 2.0**16, 0  # GradScaler's default start, then 4,000 overflow-f
 for _ in range(4000):
     _SCALE, _TRACK = update_scale(_SCALE, _TRACK, found_inf=False)
 _NORM, _MAX = 0.5, 1.0  # true gradient norm, clip threshold
+_MX_BLOCK = [1.9, 0.003] + [0.5] * 30  # one MX block of a gradient: its largest entry, a small one, the rest
+_MX = dequantize(*quantize(torch.tensor([_MX_BLOCK]), "mx"), "mx")[0, :2].tolist()  # what they become
 _FLOOR = (_A16["total"] - _A16["weight_copies"]) / activation_bytes(TINY_GPT, 16, flash=True, dtype_bytes=4)["total"]
 
 QUESTIONS = [
@@ -88,4 +93,21 @@ QUESTIONS = [
               "the lesson measured a large share of updates lost and a loss that falls behind.",
               "Range is not the problem; precision (7 mantissa bits) is.",
               "bf16 has fewer mantissa bits than FP16: it needs the master more."]),
+    Question(f"A 1×32 MXFP8 block of a gradient holds 1.9 (its largest entry), 0.003 and thirty entries of 0.5. Under the "
+             f"OCP MX rule (scale 2^(⌊log₂ amax⌋ − 8), E4M3 elements saturating at ±{E4M3_MAX:.0f}), what are 1.9 "
+             "and 0.003 stored back as?",
+             ["1.9 and 0.003, exactly: a block has its own scale",
+              f"{_MX[0]:.2f} and {_MX[1]:.5f}: the largest entry saturates, the small one keeps E4M3's precision",
+              "1.9 and 0: one large entry flushes the small ones, as with one scale per tensor",
+              "inf and 0.003: 1.9 / 2⁻⁸ overflows E4M3"], 1,
+             ["E4M3 keeps 3 mantissa bits: only a few values are stored exactly, whatever the scale.",
+              f"Right: ⌊log₂ 1.9⌋ = 0, so the scale is 2⁻⁸ (e8m0 byte 119); 1.9 / 2⁻⁸ = 486.4 is beyond {E4M3_MAX:.0f} "
+              f"and saturates: {E4M3_MAX:.0f}·2⁻⁸ = {_MX[0]:.2f} ({_MX[0] / 1.9 - 1:+.1%}). 0.003 / 2⁻⁸ = 0.768, a "
+              f"normal E4M3 number (≥ 2⁻⁶) rounded to 0.75: {_MX[1]:.5f}. The spec rounds the exponent down, so the "
+              "top of the block can saturate; rounding it up (NVIDIA's MXFP8 pre-training recipe, Mishra et al. 2025) avoids that and "
+              "costs one bit at the bottom.",
+              "Within one block the ratio 1.9 / 0.003 ≈ 630 fits E4M3's range (2⁻⁹ … 448): nothing flushes. One "
+              "scale per tensor fails when the outlier is thousands of times larger.",
+              "E4M3 (fn) has no inf: the cast saturates (the spec requires it; the lesson's cast clamps first)."],
+             transfer=True),
 ]

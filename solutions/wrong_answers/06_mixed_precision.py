@@ -1,49 +1,893 @@
 """Recorded wrong answers for solutions/06_mixed_precision.ipynb (format: m11_helpers/grading/authoring/wrong_answers.py)."""
 
-# %% 6.1 | keeps the counter after an overflow | expect: resets the counter to 0
-def next_scale(scale, growth_tracker, found_inf, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000):
-    if found_inf:
-        return scale * backoff_factor, growth_tracker
-    growth_tracker += 1
-    if growth_tracker == growth_interval:
-        return scale * growth_factor, 0
-    return scale, growth_tracker
+# %% 6.1 | steps even when a gradient overflowed (never skips) | expect: do not call optimizer.step()
+class LossScaler:
+    """torch.amp.GradScaler's dynamic loss scaling, built: scale, unscale + overflow check, skip, update."""
 
-# %% 6.1 | grows one clean step too late (compares before counting this step) | expect: not one later
-def next_scale(scale, growth_tracker, found_inf, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000):
-    if found_inf:
-        return scale * backoff_factor, 0
-    if growth_tracker == growth_interval:
-        return scale * growth_factor, 0
-    return scale, growth_tracker + 1
+    def __init__(self, init_scale: float = 2.0**16, growth_factor: float = 2.0, backoff_factor: float = 0.5,
+                 growth_interval: int = 2000):
+        self._scale, self._clean = float(init_scale), 0  # the scale, and the clean steps in a row
+        self.growth_factor, self.backoff_factor, self.growth_interval = growth_factor, backoff_factor, growth_interval
+        self._found_inf, self._unscaled = False, False  # this step's state: reset by update()
 
-# %% 6.1 | does not restart the counter after growing | expect: restart the counter at 0
-def next_scale(scale, growth_tracker, found_inf, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000):
-    if found_inf:
-        return scale * backoff_factor, 0
-    growth_tracker += 1
-    if growth_tracker % growth_interval == 0:
-        return scale * growth_factor, growth_tracker
-    return scale, growth_tracker
+    def get_scale(self) -> float:
+        return self._scale
 
-# %% 6.1 | imports the lesson's update_scale under the exercise's name (same signature) | expect: write the update yourself
-from m11_helpers.loss_scaling import update_scale as next_scale
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        return loss * self._scale  # backward then yields gradients × scale, out of fp16's underflow
 
-# %% 6.1 | delegates to a DynamicLossScaler's update() | expect: write the update yourself
-from m11_helpers.loss_scaling import DynamicLossScaler
+    def unscale_(self, optimizer) -> bool:
+        if self._unscaled:  # the loop unscaled already (to clip): dividing again would shrink the step
+            return self._found_inf
+        found = False
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    found |= not bool(torch.isfinite(p.grad).all())  # inf and NaN both
+                    p.grad.div_(self._scale)  # a power of two: exact
+        self._found_inf, self._unscaled = found, True
+        return found
+
+    def step(self, optimizer) -> bool:
+        self.unscale_(optimizer)
+        optimizer.step()
+        return True
+
+    def update(self) -> None:
+        if self._found_inf:
+            self._scale, self._clean = self._scale * self.backoff_factor, 0
+        else:
+            self._clean += 1
+            if self._clean == self.growth_interval:
+                self._scale, self._clean = self._scale * self.growth_factor, 0
+        self._found_inf, self._unscaled = False, False
 
 
-def next_scale(scale, growth_tracker, found_inf, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000):
-    s = DynamicLossScaler(scale, growth_factor, backoff_factor, growth_interval)
-    s.growth_tracker, s.found_inf = growth_tracker, found_inf
-    s.update()
-    return s.get_scale(), s.growth_tracker
+def train_fp16(model, batches, scaler, lr: float = 0.05, max_norm: float = 1.0):
+    """FP16 autocast + your scaler + global-norm clipping + SGD, one step per (x, y). Returns (losses, scales)."""
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    losses, scales = [], []
+    for x, y in batches:
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = F.mse_loss(model(x), y)
+        opt.zero_grad()
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)  # clip the true gradient, not the one multiplied by the scale
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        scaler.step(opt)  # skipped when a gradient is inf/NaN
+        scaler.update()
+        losses.append(loss.item())
+        scales.append(scaler.get_scale())
+    return losses, scales
 
-# %% 6.1 | calls GradScaler's own kernel, torch._amp_update_scale_ | expect: write the update yourself
-def next_scale(scale, growth_tracker, found_inf, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000):
-    s, t = torch.tensor([float(scale)]), torch.tensor([growth_tracker], dtype=torch.int32)
-    torch._amp_update_scale_(s, t, torch.tensor([float(found_inf)]), growth_factor, backoff_factor, growth_interval)
-    return s.item(), int(t.item())
+# %% 6.1 | keeps the clean-step count after an overflow | expect: back to 0
+class LossScaler:
+    """torch.amp.GradScaler's dynamic loss scaling, built: scale, unscale + overflow check, skip, update."""
+
+    def __init__(self, init_scale: float = 2.0**16, growth_factor: float = 2.0, backoff_factor: float = 0.5,
+                 growth_interval: int = 2000):
+        self._scale, self._clean = float(init_scale), 0  # the scale, and the clean steps in a row
+        self.growth_factor, self.backoff_factor, self.growth_interval = growth_factor, backoff_factor, growth_interval
+        self._found_inf, self._unscaled = False, False  # this step's state: reset by update()
+
+    def get_scale(self) -> float:
+        return self._scale
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        return loss * self._scale  # backward then yields gradients × scale, out of fp16's underflow
+
+    def unscale_(self, optimizer) -> bool:
+        if self._unscaled:  # the loop unscaled already (to clip): dividing again would shrink the step
+            return self._found_inf
+        found = False
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    found |= not bool(torch.isfinite(p.grad).all())  # inf and NaN both
+                    p.grad.div_(self._scale)  # a power of two: exact
+        self._found_inf, self._unscaled = found, True
+        return found
+
+    def step(self, optimizer) -> bool:
+        if self.unscale_(optimizer):
+            return False  # an overflowed gradient: the weights stay as they are
+        optimizer.step()
+        return True
+
+    def update(self) -> None:
+        if self._found_inf:
+            self._scale = self._scale * self.backoff_factor
+        else:
+            self._clean += 1
+            if self._clean == self.growth_interval:
+                self._scale, self._clean = self._scale * self.growth_factor, 0
+        self._found_inf, self._unscaled = False, False
+
+
+def train_fp16(model, batches, scaler, lr: float = 0.05, max_norm: float = 1.0):
+    """FP16 autocast + your scaler + global-norm clipping + SGD, one step per (x, y). Returns (losses, scales)."""
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    losses, scales = [], []
+    for x, y in batches:
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = F.mse_loss(model(x), y)
+        opt.zero_grad()
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)  # clip the true gradient, not the one multiplied by the scale
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        scaler.step(opt)  # skipped when a gradient is inf/NaN
+        scaler.update()
+        losses.append(loss.item())
+        scales.append(scaler.get_scale())
+    return losses, scales
+
+# %% 6.1 | grows one clean step too late (compares before counting this step) | expect: growth_interval-th clean step
+class LossScaler:
+    """torch.amp.GradScaler's dynamic loss scaling, built: scale, unscale + overflow check, skip, update."""
+
+    def __init__(self, init_scale: float = 2.0**16, growth_factor: float = 2.0, backoff_factor: float = 0.5,
+                 growth_interval: int = 2000):
+        self._scale, self._clean = float(init_scale), 0  # the scale, and the clean steps in a row
+        self.growth_factor, self.backoff_factor, self.growth_interval = growth_factor, backoff_factor, growth_interval
+        self._found_inf, self._unscaled = False, False  # this step's state: reset by update()
+
+    def get_scale(self) -> float:
+        return self._scale
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        return loss * self._scale  # backward then yields gradients × scale, out of fp16's underflow
+
+    def unscale_(self, optimizer) -> bool:
+        if self._unscaled:  # the loop unscaled already (to clip): dividing again would shrink the step
+            return self._found_inf
+        found = False
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    found |= not bool(torch.isfinite(p.grad).all())  # inf and NaN both
+                    p.grad.div_(self._scale)  # a power of two: exact
+        self._found_inf, self._unscaled = found, True
+        return found
+
+    def step(self, optimizer) -> bool:
+        if self.unscale_(optimizer):
+            return False  # an overflowed gradient: the weights stay as they are
+        optimizer.step()
+        return True
+
+    def update(self) -> None:
+        if self._found_inf:
+            self._scale, self._clean = self._scale * self.backoff_factor, 0
+        else:
+            if self._clean == self.growth_interval:
+                self._scale, self._clean = self._scale * self.growth_factor, 0
+            else:
+                self._clean += 1
+        self._found_inf, self._unscaled = False, False
+
+
+def train_fp16(model, batches, scaler, lr: float = 0.05, max_norm: float = 1.0):
+    """FP16 autocast + your scaler + global-norm clipping + SGD, one step per (x, y). Returns (losses, scales)."""
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    losses, scales = [], []
+    for x, y in batches:
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = F.mse_loss(model(x), y)
+        opt.zero_grad()
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)  # clip the true gradient, not the one multiplied by the scale
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        scaler.step(opt)  # skipped when a gradient is inf/NaN
+        scaler.update()
+        losses.append(loss.item())
+        scales.append(scaler.get_scale())
+    return losses, scales
+
+# %% 6.1 | unscales again in step() after the loop's unscale_ (gradients divided twice) | expect: ONCE per step
+class LossScaler:
+    """torch.amp.GradScaler's dynamic loss scaling, built: scale, unscale + overflow check, skip, update."""
+
+    def __init__(self, init_scale: float = 2.0**16, growth_factor: float = 2.0, backoff_factor: float = 0.5,
+                 growth_interval: int = 2000):
+        self._scale, self._clean = float(init_scale), 0  # the scale, and the clean steps in a row
+        self.growth_factor, self.backoff_factor, self.growth_interval = growth_factor, backoff_factor, growth_interval
+        self._found_inf, self._unscaled = False, False  # this step's state: reset by update()
+
+    def get_scale(self) -> float:
+        return self._scale
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        return loss * self._scale  # backward then yields gradients × scale, out of fp16's underflow
+
+    def unscale_(self, optimizer) -> bool:
+        found = False
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    found |= not bool(torch.isfinite(p.grad).all())  # inf and NaN both
+                    p.grad.div_(self._scale)  # a power of two: exact
+        self._found_inf, self._unscaled = found, True
+        return found
+
+    def step(self, optimizer) -> bool:
+        if self.unscale_(optimizer):
+            return False  # an overflowed gradient: the weights stay as they are
+        optimizer.step()
+        return True
+
+    def update(self) -> None:
+        if self._found_inf:
+            self._scale, self._clean = self._scale * self.backoff_factor, 0
+        else:
+            self._clean += 1
+            if self._clean == self.growth_interval:
+                self._scale, self._clean = self._scale * self.growth_factor, 0
+        self._found_inf, self._unscaled = False, False
+
+
+def train_fp16(model, batches, scaler, lr: float = 0.05, max_norm: float = 1.0):
+    """FP16 autocast + your scaler + global-norm clipping + SGD, one step per (x, y). Returns (losses, scales)."""
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    losses, scales = [], []
+    for x, y in batches:
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = F.mse_loss(model(x), y)
+        opt.zero_grad()
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)  # clip the true gradient, not the one multiplied by the scale
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        scaler.step(opt)  # skipped when a gradient is inf/NaN
+        scaler.update()
+        losses.append(loss.item())
+        scales.append(scaler.get_scale())
+    return losses, scales
+
+# %% 6.1 | a sticky overflow flag: one overflow skips every later step | expect: forgets this step's overflow
+class LossScaler:
+    """torch.amp.GradScaler's dynamic loss scaling, built: scale, unscale + overflow check, skip, update."""
+
+    def __init__(self, init_scale: float = 2.0**16, growth_factor: float = 2.0, backoff_factor: float = 0.5,
+                 growth_interval: int = 2000):
+        self._scale, self._clean = float(init_scale), 0  # the scale, and the clean steps in a row
+        self.growth_factor, self.backoff_factor, self.growth_interval = growth_factor, backoff_factor, growth_interval
+        self._found_inf, self._unscaled = False, False  # this step's state: reset by update()
+
+    def get_scale(self) -> float:
+        return self._scale
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        return loss * self._scale  # backward then yields gradients × scale, out of fp16's underflow
+
+    def unscale_(self, optimizer) -> bool:
+        if self._unscaled:  # the loop unscaled already (to clip): dividing again would shrink the step
+            return self._found_inf
+        found = self._found_inf  # sticky: never cleared
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    found |= not bool(torch.isfinite(p.grad).all())  # inf and NaN both
+                    p.grad.div_(self._scale)  # a power of two: exact
+        self._found_inf, self._unscaled = found, True
+        return found
+
+    def step(self, optimizer) -> bool:
+        if self.unscale_(optimizer):
+            return False  # an overflowed gradient: the weights stay as they are
+        optimizer.step()
+        return True
+
+    def update(self) -> None:
+        if self._found_inf:
+            self._scale, self._clean = self._scale * self.backoff_factor, 0
+        else:
+            self._clean += 1
+            if self._clean == self.growth_interval:
+                self._scale, self._clean = self._scale * self.growth_factor, 0
+        self._unscaled = False
+
+
+def train_fp16(model, batches, scaler, lr: float = 0.05, max_norm: float = 1.0):
+    """FP16 autocast + your scaler + global-norm clipping + SGD, one step per (x, y). Returns (losses, scales)."""
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    losses, scales = [], []
+    for x, y in batches:
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = F.mse_loss(model(x), y)
+        opt.zero_grad()
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)  # clip the true gradient, not the one multiplied by the scale
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        scaler.step(opt)  # skipped when a gradient is inf/NaN
+        scaler.update()
+        losses.append(loss.item())
+        scales.append(scaler.get_scale())
+    return losses, scales
+
+# %% 6.1 | checks for inf only (torch.isinf): a NaN gradient is stepped | expect: misses NaN
+class LossScaler:
+    """torch.amp.GradScaler's dynamic loss scaling, built: scale, unscale + overflow check, skip, update."""
+
+    def __init__(self, init_scale: float = 2.0**16, growth_factor: float = 2.0, backoff_factor: float = 0.5,
+                 growth_interval: int = 2000):
+        self._scale, self._clean = float(init_scale), 0  # the scale, and the clean steps in a row
+        self.growth_factor, self.backoff_factor, self.growth_interval = growth_factor, backoff_factor, growth_interval
+        self._found_inf, self._unscaled = False, False  # this step's state: reset by update()
+
+    def get_scale(self) -> float:
+        return self._scale
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        return loss * self._scale  # backward then yields gradients × scale, out of fp16's underflow
+
+    def unscale_(self, optimizer) -> bool:
+        if self._unscaled:  # the loop unscaled already (to clip): dividing again would shrink the step
+            return self._found_inf
+        found = False
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    found |= bool(torch.isinf(p.grad).any())
+                    p.grad.div_(self._scale)  # a power of two: exact
+        self._found_inf, self._unscaled = found, True
+        return found
+
+    def step(self, optimizer) -> bool:
+        if self.unscale_(optimizer):
+            return False  # an overflowed gradient: the weights stay as they are
+        optimizer.step()
+        return True
+
+    def update(self) -> None:
+        if self._found_inf:
+            self._scale, self._clean = self._scale * self.backoff_factor, 0
+        else:
+            self._clean += 1
+            if self._clean == self.growth_interval:
+                self._scale, self._clean = self._scale * self.growth_factor, 0
+        self._found_inf, self._unscaled = False, False
+
+
+def train_fp16(model, batches, scaler, lr: float = 0.05, max_norm: float = 1.0):
+    """FP16 autocast + your scaler + global-norm clipping + SGD, one step per (x, y). Returns (losses, scales)."""
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    losses, scales = [], []
+    for x, y in batches:
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = F.mse_loss(model(x), y)
+        opt.zero_grad()
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)  # clip the true gradient, not the one multiplied by the scale
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        scaler.step(opt)  # skipped when a gradient is inf/NaN
+        scaler.update()
+        losses.append(loss.item())
+        scales.append(scaler.get_scale())
+    return losses, scales
+
+# %% 6.1 | looks at the first param group only | expect: every param group
+class LossScaler:
+    """torch.amp.GradScaler's dynamic loss scaling, built: scale, unscale + overflow check, skip, update."""
+
+    def __init__(self, init_scale: float = 2.0**16, growth_factor: float = 2.0, backoff_factor: float = 0.5,
+                 growth_interval: int = 2000):
+        self._scale, self._clean = float(init_scale), 0  # the scale, and the clean steps in a row
+        self.growth_factor, self.backoff_factor, self.growth_interval = growth_factor, backoff_factor, growth_interval
+        self._found_inf, self._unscaled = False, False  # this step's state: reset by update()
+
+    def get_scale(self) -> float:
+        return self._scale
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        return loss * self._scale  # backward then yields gradients × scale, out of fp16's underflow
+
+    def unscale_(self, optimizer) -> bool:
+        if self._unscaled:  # the loop unscaled already (to clip): dividing again would shrink the step
+            return self._found_inf
+        found = False
+        for group in optimizer.param_groups[:1]:
+            for p in group["params"]:
+                if p.grad is not None:
+                    found |= not bool(torch.isfinite(p.grad).all())  # inf and NaN both
+                    p.grad.div_(self._scale)  # a power of two: exact
+        self._found_inf, self._unscaled = found, True
+        return found
+
+    def step(self, optimizer) -> bool:
+        if self.unscale_(optimizer):
+            return False  # an overflowed gradient: the weights stay as they are
+        optimizer.step()
+        return True
+
+    def update(self) -> None:
+        if self._found_inf:
+            self._scale, self._clean = self._scale * self.backoff_factor, 0
+        else:
+            self._clean += 1
+            if self._clean == self.growth_interval:
+                self._scale, self._clean = self._scale * self.growth_factor, 0
+        self._found_inf, self._unscaled = False, False
+
+
+def train_fp16(model, batches, scaler, lr: float = 0.05, max_norm: float = 1.0):
+    """FP16 autocast + your scaler + global-norm clipping + SGD, one step per (x, y). Returns (losses, scales)."""
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    losses, scales = [], []
+    for x, y in batches:
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = F.mse_loss(model(x), y)
+        opt.zero_grad()
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)  # clip the true gradient, not the one multiplied by the scale
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        scaler.step(opt)  # skipped when a gradient is inf/NaN
+        scaler.update()
+        losses.append(loss.item())
+        scales.append(scaler.get_scale())
+    return losses, scales
+
+# %% 6.1 | wraps torch.amp.GradScaler instead of building the scaler | expect: build the scaler yourself
+class LossScaler:
+    def __init__(self, init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000):
+        self.inner = torch.amp.GradScaler("cpu", init_scale=init_scale, growth_factor=growth_factor,
+                                          backoff_factor=backoff_factor, growth_interval=growth_interval)
+
+    def get_scale(self):
+        return self.inner.get_scale()
+
+    def scale(self, loss):
+        return self.inner.scale(loss)
+
+    def unscale_(self, optimizer):
+        self.inner.unscale_(optimizer)
+        return False
+
+    def step(self, optimizer):
+        return self.inner.step(optimizer) is not None
+
+    def update(self):
+        self.inner.update()
+
+
+
+def train_fp16(model, batches, scaler, lr: float = 0.05, max_norm: float = 1.0):
+    """FP16 autocast + your scaler + global-norm clipping + SGD, one step per (x, y). Returns (losses, scales)."""
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    losses, scales = [], []
+    for x, y in batches:
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = F.mse_loss(model(x), y)
+        opt.zero_grad()
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)  # clip the true gradient, not the one multiplied by the scale
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        scaler.step(opt)  # skipped when a gradient is inf/NaN
+        scaler.update()
+        losses.append(loss.item())
+        scales.append(scaler.get_scale())
+    return losses, scales
+
+# %% 6.1 | clips before unscaling (clips the gradient times the scale) | expect: clip AFTER scaler.unscale_
+class LossScaler:
+    """torch.amp.GradScaler's dynamic loss scaling, built: scale, unscale + overflow check, skip, update."""
+
+    def __init__(self, init_scale: float = 2.0**16, growth_factor: float = 2.0, backoff_factor: float = 0.5,
+                 growth_interval: int = 2000):
+        self._scale, self._clean = float(init_scale), 0  # the scale, and the clean steps in a row
+        self.growth_factor, self.backoff_factor, self.growth_interval = growth_factor, backoff_factor, growth_interval
+        self._found_inf, self._unscaled = False, False  # this step's state: reset by update()
+
+    def get_scale(self) -> float:
+        return self._scale
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        return loss * self._scale  # backward then yields gradients × scale, out of fp16's underflow
+
+    def unscale_(self, optimizer) -> bool:
+        if self._unscaled:  # the loop unscaled already (to clip): dividing again would shrink the step
+            return self._found_inf
+        found = False
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    found |= not bool(torch.isfinite(p.grad).all())  # inf and NaN both
+                    p.grad.div_(self._scale)  # a power of two: exact
+        self._found_inf, self._unscaled = found, True
+        return found
+
+    def step(self, optimizer) -> bool:
+        if self.unscale_(optimizer):
+            return False  # an overflowed gradient: the weights stay as they are
+        optimizer.step()
+        return True
+
+    def update(self) -> None:
+        if self._found_inf:
+            self._scale, self._clean = self._scale * self.backoff_factor, 0
+        else:
+            self._clean += 1
+            if self._clean == self.growth_interval:
+                self._scale, self._clean = self._scale * self.growth_factor, 0
+        self._found_inf, self._unscaled = False, False
+
+
+def train_fp16(model, batches, scaler, lr: float = 0.05, max_norm: float = 1.0):
+    """FP16 autocast + your scaler + global-norm clipping + SGD, one step per (x, y). Returns (losses, scales)."""
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    losses, scales = [], []
+    for x, y in batches:
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = F.mse_loss(model(x), y)
+        opt.zero_grad()
+        scaler.scale(loss).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        scaler.unscale_(opt)
+        scaler.step(opt)  # skipped when a gradient is inf/NaN
+        scaler.update()
+        losses.append(loss.item())
+        scales.append(scaler.get_scale())
+    return losses, scales
+
+# %% 6.1 | forgets unscale_ before clipping (step unscales after the clip) | expect: clip AFTER scaler.unscale_
+class LossScaler:
+    """torch.amp.GradScaler's dynamic loss scaling, built: scale, unscale + overflow check, skip, update."""
+
+    def __init__(self, init_scale: float = 2.0**16, growth_factor: float = 2.0, backoff_factor: float = 0.5,
+                 growth_interval: int = 2000):
+        self._scale, self._clean = float(init_scale), 0  # the scale, and the clean steps in a row
+        self.growth_factor, self.backoff_factor, self.growth_interval = growth_factor, backoff_factor, growth_interval
+        self._found_inf, self._unscaled = False, False  # this step's state: reset by update()
+
+    def get_scale(self) -> float:
+        return self._scale
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        return loss * self._scale  # backward then yields gradients × scale, out of fp16's underflow
+
+    def unscale_(self, optimizer) -> bool:
+        if self._unscaled:  # the loop unscaled already (to clip): dividing again would shrink the step
+            return self._found_inf
+        found = False
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    found |= not bool(torch.isfinite(p.grad).all())  # inf and NaN both
+                    p.grad.div_(self._scale)  # a power of two: exact
+        self._found_inf, self._unscaled = found, True
+        return found
+
+    def step(self, optimizer) -> bool:
+        if self.unscale_(optimizer):
+            return False  # an overflowed gradient: the weights stay as they are
+        optimizer.step()
+        return True
+
+    def update(self) -> None:
+        if self._found_inf:
+            self._scale, self._clean = self._scale * self.backoff_factor, 0
+        else:
+            self._clean += 1
+            if self._clean == self.growth_interval:
+                self._scale, self._clean = self._scale * self.growth_factor, 0
+        self._found_inf, self._unscaled = False, False
+
+
+def train_fp16(model, batches, scaler, lr: float = 0.05, max_norm: float = 1.0):
+    """FP16 autocast + your scaler + global-norm clipping + SGD, one step per (x, y). Returns (losses, scales)."""
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    losses, scales = [], []
+    for x, y in batches:
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = F.mse_loss(model(x), y)
+        opt.zero_grad()
+        scaler.scale(loss).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        scaler.step(opt)  # skipped when a gradient is inf/NaN
+        scaler.update()
+        losses.append(loss.item())
+        scales.append(scaler.get_scale())
+    return losses, scales
+
+# %% 6.1 | steps the optimizer itself (opt.step), so the overflowed steps are applied | expect: let your scaler step
+class LossScaler:
+    """torch.amp.GradScaler's dynamic loss scaling, built: scale, unscale + overflow check, skip, update."""
+
+    def __init__(self, init_scale: float = 2.0**16, growth_factor: float = 2.0, backoff_factor: float = 0.5,
+                 growth_interval: int = 2000):
+        self._scale, self._clean = float(init_scale), 0  # the scale, and the clean steps in a row
+        self.growth_factor, self.backoff_factor, self.growth_interval = growth_factor, backoff_factor, growth_interval
+        self._found_inf, self._unscaled = False, False  # this step's state: reset by update()
+
+    def get_scale(self) -> float:
+        return self._scale
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        return loss * self._scale  # backward then yields gradients × scale, out of fp16's underflow
+
+    def unscale_(self, optimizer) -> bool:
+        if self._unscaled:  # the loop unscaled already (to clip): dividing again would shrink the step
+            return self._found_inf
+        found = False
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    found |= not bool(torch.isfinite(p.grad).all())  # inf and NaN both
+                    p.grad.div_(self._scale)  # a power of two: exact
+        self._found_inf, self._unscaled = found, True
+        return found
+
+    def step(self, optimizer) -> bool:
+        if self.unscale_(optimizer):
+            return False  # an overflowed gradient: the weights stay as they are
+        optimizer.step()
+        return True
+
+    def update(self) -> None:
+        if self._found_inf:
+            self._scale, self._clean = self._scale * self.backoff_factor, 0
+        else:
+            self._clean += 1
+            if self._clean == self.growth_interval:
+                self._scale, self._clean = self._scale * self.growth_factor, 0
+        self._found_inf, self._unscaled = False, False
+
+
+def train_fp16(model, batches, scaler, lr: float = 0.05, max_norm: float = 1.0):
+    """FP16 autocast + your scaler + global-norm clipping + SGD, one step per (x, y). Returns (losses, scales)."""
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    losses, scales = [], []
+    for x, y in batches:
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = F.mse_loss(model(x), y)
+        opt.zero_grad()
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)  # clip the true gradient, not the one multiplied by the scale
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        opt.step()
+        scaler.update()
+        losses.append(loss.item())
+        scales.append(scaler.get_scale())
+    return losses, scales
+
+# %% 6.1 | never calls scaler.update() | expect: update()
+class LossScaler:
+    """torch.amp.GradScaler's dynamic loss scaling, built: scale, unscale + overflow check, skip, update."""
+
+    def __init__(self, init_scale: float = 2.0**16, growth_factor: float = 2.0, backoff_factor: float = 0.5,
+                 growth_interval: int = 2000):
+        self._scale, self._clean = float(init_scale), 0  # the scale, and the clean steps in a row
+        self.growth_factor, self.backoff_factor, self.growth_interval = growth_factor, backoff_factor, growth_interval
+        self._found_inf, self._unscaled = False, False  # this step's state: reset by update()
+
+    def get_scale(self) -> float:
+        return self._scale
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        return loss * self._scale  # backward then yields gradients × scale, out of fp16's underflow
+
+    def unscale_(self, optimizer) -> bool:
+        if self._unscaled:  # the loop unscaled already (to clip): dividing again would shrink the step
+            return self._found_inf
+        found = False
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    found |= not bool(torch.isfinite(p.grad).all())  # inf and NaN both
+                    p.grad.div_(self._scale)  # a power of two: exact
+        self._found_inf, self._unscaled = found, True
+        return found
+
+    def step(self, optimizer) -> bool:
+        if self.unscale_(optimizer):
+            return False  # an overflowed gradient: the weights stay as they are
+        optimizer.step()
+        return True
+
+    def update(self) -> None:
+        if self._found_inf:
+            self._scale, self._clean = self._scale * self.backoff_factor, 0
+        else:
+            self._clean += 1
+            if self._clean == self.growth_interval:
+                self._scale, self._clean = self._scale * self.growth_factor, 0
+        self._found_inf, self._unscaled = False, False
+
+
+def train_fp16(model, batches, scaler, lr: float = 0.05, max_norm: float = 1.0):
+    """FP16 autocast + your scaler + global-norm clipping + SGD, one step per (x, y). Returns (losses, scales)."""
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    losses, scales = [], []
+    for x, y in batches:
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = F.mse_loss(model(x), y)
+        opt.zero_grad()
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)  # clip the true gradient, not the one multiplied by the scale
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        scaler.step(opt)  # skipped when a gradient is inf/NaN
+        losses.append(loss.item())
+        scales.append(scaler.get_scale())
+    return losses, scales
+
+# %% 6.1 | backward through the unscaled loss | expect: scaler.scale(loss)
+class LossScaler:
+    """torch.amp.GradScaler's dynamic loss scaling, built: scale, unscale + overflow check, skip, update."""
+
+    def __init__(self, init_scale: float = 2.0**16, growth_factor: float = 2.0, backoff_factor: float = 0.5,
+                 growth_interval: int = 2000):
+        self._scale, self._clean = float(init_scale), 0  # the scale, and the clean steps in a row
+        self.growth_factor, self.backoff_factor, self.growth_interval = growth_factor, backoff_factor, growth_interval
+        self._found_inf, self._unscaled = False, False  # this step's state: reset by update()
+
+    def get_scale(self) -> float:
+        return self._scale
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        return loss * self._scale  # backward then yields gradients × scale, out of fp16's underflow
+
+    def unscale_(self, optimizer) -> bool:
+        if self._unscaled:  # the loop unscaled already (to clip): dividing again would shrink the step
+            return self._found_inf
+        found = False
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    found |= not bool(torch.isfinite(p.grad).all())  # inf and NaN both
+                    p.grad.div_(self._scale)  # a power of two: exact
+        self._found_inf, self._unscaled = found, True
+        return found
+
+    def step(self, optimizer) -> bool:
+        if self.unscale_(optimizer):
+            return False  # an overflowed gradient: the weights stay as they are
+        optimizer.step()
+        return True
+
+    def update(self) -> None:
+        if self._found_inf:
+            self._scale, self._clean = self._scale * self.backoff_factor, 0
+        else:
+            self._clean += 1
+            if self._clean == self.growth_interval:
+                self._scale, self._clean = self._scale * self.growth_factor, 0
+        self._found_inf, self._unscaled = False, False
+
+
+def train_fp16(model, batches, scaler, lr: float = 0.05, max_norm: float = 1.0):
+    """FP16 autocast + your scaler + global-norm clipping + SGD, one step per (x, y). Returns (losses, scales)."""
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    losses, scales = [], []
+    for x, y in batches:
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = F.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        scaler.unscale_(opt)  # clip the true gradient, not the one multiplied by the scale
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        scaler.step(opt)  # skipped when a gradient is inf/NaN
+        scaler.update()
+        losses.append(loss.item())
+        scales.append(scaler.get_scale())
+    return losses, scales
+
+# %% 6.1 | forgets opt.zero_grad(): gradients pile up | expect: zero_grad
+class LossScaler:
+    """torch.amp.GradScaler's dynamic loss scaling, built: scale, unscale + overflow check, skip, update."""
+
+    def __init__(self, init_scale: float = 2.0**16, growth_factor: float = 2.0, backoff_factor: float = 0.5,
+                 growth_interval: int = 2000):
+        self._scale, self._clean = float(init_scale), 0  # the scale, and the clean steps in a row
+        self.growth_factor, self.backoff_factor, self.growth_interval = growth_factor, backoff_factor, growth_interval
+        self._found_inf, self._unscaled = False, False  # this step's state: reset by update()
+
+    def get_scale(self) -> float:
+        return self._scale
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        return loss * self._scale  # backward then yields gradients × scale, out of fp16's underflow
+
+    def unscale_(self, optimizer) -> bool:
+        if self._unscaled:  # the loop unscaled already (to clip): dividing again would shrink the step
+            return self._found_inf
+        found = False
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    found |= not bool(torch.isfinite(p.grad).all())  # inf and NaN both
+                    p.grad.div_(self._scale)  # a power of two: exact
+        self._found_inf, self._unscaled = found, True
+        return found
+
+    def step(self, optimizer) -> bool:
+        if self.unscale_(optimizer):
+            return False  # an overflowed gradient: the weights stay as they are
+        optimizer.step()
+        return True
+
+    def update(self) -> None:
+        if self._found_inf:
+            self._scale, self._clean = self._scale * self.backoff_factor, 0
+        else:
+            self._clean += 1
+            if self._clean == self.growth_interval:
+                self._scale, self._clean = self._scale * self.growth_factor, 0
+        self._found_inf, self._unscaled = False, False
+
+
+def train_fp16(model, batches, scaler, lr: float = 0.05, max_norm: float = 1.0):
+    """FP16 autocast + your scaler + global-norm clipping + SGD, one step per (x, y). Returns (losses, scales)."""
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    losses, scales = [], []
+    for x, y in batches:
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = F.mse_loss(model(x), y)
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)  # clip the true gradient, not the one multiplied by the scale
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        scaler.step(opt)  # skipped when a gradient is inf/NaN
+        scaler.update()
+        losses.append(loss.item())
+        scales.append(scaler.get_scale())
+    return losses, scales
+
+# %% 6.1 | never clips | expect: clip AFTER
+class LossScaler:
+    """torch.amp.GradScaler's dynamic loss scaling, built: scale, unscale + overflow check, skip, update."""
+
+    def __init__(self, init_scale: float = 2.0**16, growth_factor: float = 2.0, backoff_factor: float = 0.5,
+                 growth_interval: int = 2000):
+        self._scale, self._clean = float(init_scale), 0  # the scale, and the clean steps in a row
+        self.growth_factor, self.backoff_factor, self.growth_interval = growth_factor, backoff_factor, growth_interval
+        self._found_inf, self._unscaled = False, False  # this step's state: reset by update()
+
+    def get_scale(self) -> float:
+        return self._scale
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        return loss * self._scale  # backward then yields gradients × scale, out of fp16's underflow
+
+    def unscale_(self, optimizer) -> bool:
+        if self._unscaled:  # the loop unscaled already (to clip): dividing again would shrink the step
+            return self._found_inf
+        found = False
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    found |= not bool(torch.isfinite(p.grad).all())  # inf and NaN both
+                    p.grad.div_(self._scale)  # a power of two: exact
+        self._found_inf, self._unscaled = found, True
+        return found
+
+    def step(self, optimizer) -> bool:
+        if self.unscale_(optimizer):
+            return False  # an overflowed gradient: the weights stay as they are
+        optimizer.step()
+        return True
+
+    def update(self) -> None:
+        if self._found_inf:
+            self._scale, self._clean = self._scale * self.backoff_factor, 0
+        else:
+            self._clean += 1
+            if self._clean == self.growth_interval:
+                self._scale, self._clean = self._scale * self.growth_factor, 0
+        self._found_inf, self._unscaled = False, False
+
+
+def train_fp16(model, batches, scaler, lr: float = 0.05, max_norm: float = 1.0):
+    """FP16 autocast + your scaler + global-norm clipping + SGD, one step per (x, y). Returns (losses, scales)."""
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    losses, scales = [], []
+    for x, y in batches:
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = F.mse_loss(model(x), y)
+        opt.zero_grad()
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)  # clip the true gradient, not the one multiplied by the scale
+        scaler.step(opt)  # skipped when a gradient is inf/NaN
+        scaler.update()
+        losses.append(loss.item())
+        scales.append(scaler.get_scale())
+    return losses, scales
 
 # %% 6.2 | delegates to torch.nn.utils.clip_grad_norm_ | expect: write the clipping yourself
 def clip_global_norm_(parameters, max_norm):
@@ -84,108 +928,182 @@ def clip_global_norm_(parameters, max_norm):
         g.mul_(coef)
     return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
 
-# %% 6.3 | steps the optimizer itself (opt.step), so the overflowed step is applied | expect: scaler.step(opt) skips
-def train_amp(model, batches, lr=0.05, max_norm=1.0, init_scale=2.0**16, growth_interval=2000):
-    opt = torch.optim.SGD(model.parameters(), lr=lr)
-    scaler = torch.amp.GradScaler("cpu", init_scale=init_scale, growth_interval=growth_interval)
-    losses, scales = [], []
-    for x, y in batches:
-        with torch.autocast("cpu", dtype=torch.float16):
-            loss = F.mse_loss(model(x), y)
-        opt.zero_grad()
-        scaler.scale(loss).backward()
-        scaler.unscale_(opt)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-        opt.step()
-        scaler.update()
-        losses.append(loss.item())
-        scales.append(scaler.get_scale())
-    return losses, scales
+# %% 6.3 | one scale for the whole tensor (per-tensor amax) | expect: not one for the whole tensor
+E4M3 = torch.float8_e4m3fn
 
-# %% 6.3 | never calls scaler.update() | expect: update()
-def train_amp(model, batches, lr=0.05, max_norm=1.0, init_scale=2.0**16, growth_interval=2000):
-    opt = torch.optim.SGD(model.parameters(), lr=lr)
-    scaler = torch.amp.GradScaler("cpu", init_scale=init_scale, growth_interval=growth_interval)
-    losses, scales = [], []
-    for x, y in batches:
-        with torch.autocast("cpu", dtype=torch.float16):
-            loss = F.mse_loss(model(x), y)
-        opt.zero_grad()
-        scaler.scale(loss).backward()
-        scaler.unscale_(opt)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-        scaler.step(opt)
-        losses.append(loss.item())
-        scales.append(scaler.get_scale())
-    return losses, scales
 
-# %% 6.3 | backward through the unscaled loss | expect: scaler.scale(loss
-def train_amp(model, batches, lr=0.05, max_norm=1.0, init_scale=2.0**16, growth_interval=2000):
-    opt = torch.optim.SGD(model.parameters(), lr=lr)
-    scaler = torch.amp.GradScaler("cpu", init_scale=init_scale, growth_interval=growth_interval)
-    losses, scales = [], []
-    for x, y in batches:
-        with torch.autocast("cpu", dtype=torch.float16):
-            loss = F.mse_loss(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        scaler.unscale_(opt)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-        scaler.step(opt)
-        scaler.update()
-        losses.append(loss.item())
-        scales.append(scaler.get_scale())
-    return losses, scales
+def mx_quantize(x: torch.Tensor, block: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    """MXFP8 (OCP MX v1.0, §6.3): x (M, K) -> (q float8_e4m3fn (M, K), e8m0 scale bytes uint8 (M, K/block))."""
+    xb = x.float().reshape(x.shape[0], -1, block)  # (M, K/block, block): 1×block blocks along each row
+    amax = xb.abs().amax().expand(xb.shape[:2])  # the whole tensor's amax, in every block
+    _, e = torch.frexp(amax)  # amax = m·2^e with m in [0.5, 1), so ⌊log2 amax⌋ = e − 1, exactly
+    shared = torch.where(amax > 0, e - 1 - 8, -127).clamp(-127, 127)  # (M, K/block)
+    scale = torch.ldexp(torch.ones_like(amax), shared)  # 2^shared, exact
+    q = (xb / scale[..., None]).clamp(-448.0, 448.0).to(E4M3)  # saturate: a cast alone need not
+    return q.reshape(x.shape), (shared + 127).to(torch.uint8)
 
-# %% 6.3 | forgets opt.zero_grad(): gradients pile up | expect: zero the gradients every step
-def train_amp(model, batches, lr=0.05, max_norm=1.0, init_scale=2.0**16, growth_interval=2000):
-    opt = torch.optim.SGD(model.parameters(), lr=lr)
-    scaler = torch.amp.GradScaler("cpu", init_scale=init_scale, growth_interval=growth_interval)
-    losses, scales = [], []
-    for x, y in batches:
-        with torch.autocast("cpu", dtype=torch.float16):
-            loss = F.mse_loss(model(x), y)
-        scaler.scale(loss).backward()
-        scaler.unscale_(opt)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-        scaler.step(opt)
-        scaler.update()
-        losses.append(loss.item())
-        scales.append(scaler.get_scale())
-    return losses, scales
 
-# %% 6.3 | clips before unscaling (clips the gradient times 65536) | expect: clipping before unscale_
-def train_amp(model, batches, lr=0.05, max_norm=1.0, init_scale=2.0**16, growth_interval=2000):
-    opt = torch.optim.SGD(model.parameters(), lr=lr)
-    scaler = torch.amp.GradScaler("cpu", init_scale=init_scale, growth_interval=growth_interval)
-    losses, scales = [], []
-    for x, y in batches:
-        with torch.autocast("cpu", dtype=torch.float16):
-            loss = F.mse_loss(model(x), y)
-        opt.zero_grad()
-        scaler.scale(loss).backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-        scaler.step(opt)
-        scaler.update()
-        losses.append(loss.item())
-        scales.append(scaler.get_scale())
-    return losses, scales
+def mx_dequantize(q: torch.Tensor, scale_bytes: torch.Tensor, block: int = 32) -> torch.Tensor:
+    """x̂ = q · 2^(byte − 127), block by block, in fp32 (M, K)."""
+    qb = q.float().reshape(q.shape[0], -1, block)  # (M, K/block, block)
+    return torch.ldexp(qb, scale_bytes.int()[..., None] - 127).reshape(q.shape)
 
-# %% 6.3 | never clips | expect: clip every step
-def train_amp(model, batches, lr=0.05, max_norm=1.0, init_scale=2.0**16, growth_interval=2000):
-    opt = torch.optim.SGD(model.parameters(), lr=lr)
-    scaler = torch.amp.GradScaler("cpu", init_scale=init_scale, growth_interval=growth_interval)
-    losses, scales = [], []
-    for x, y in batches:
-        with torch.autocast("cpu", dtype=torch.float16):
-            loss = F.mse_loss(model(x), y)
-        opt.zero_grad()
-        scaler.scale(loss).backward()
-        scaler.step(opt)
-        scaler.update()
-        losses.append(loss.item())
-        scales.append(scaler.get_scale())
-    return losses, scales
+# %% 6.3 | a non-power-of-two scale (amax / 448, as tensorwise recipes) | expect: not amax/448
+E4M3 = torch.float8_e4m3fn
+
+
+def mx_quantize(x: torch.Tensor, block: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    """MXFP8 (OCP MX v1.0, §6.3): x (M, K) -> (q float8_e4m3fn (M, K), e8m0 scale bytes uint8 (M, K/block))."""
+    xb = x.float().reshape(x.shape[0], -1, block)  # (M, K/block, block): 1×block blocks along each row
+    amax = xb.abs().amax(dim=-1)  # (M, K/block)
+    _, e = torch.frexp(amax)  # amax = m·2^e with m in [0.5, 1), so ⌊log2 amax⌋ = e − 1, exactly
+    shared = torch.where(amax > 0, e - 1 - 8, -127).clamp(-127, 127)  # (M, K/block)
+    scale = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax))  # (M, K/block)
+    shared = torch.floor(torch.log2(scale)).int().clamp(-127, 127)
+    q = (xb / scale[..., None]).clamp(-448.0, 448.0).to(E4M3)  # saturate: a cast alone need not
+    return q.reshape(x.shape), (shared + 127).to(torch.uint8)
+
+
+def mx_dequantize(q: torch.Tensor, scale_bytes: torch.Tensor, block: int = 32) -> torch.Tensor:
+    """x̂ = q · 2^(byte − 127), block by block, in fp32 (M, K)."""
+    qb = q.float().reshape(q.shape[0], -1, block)  # (M, K/block, block)
+    return torch.ldexp(qb, scale_bytes.int()[..., None] - 127).reshape(q.shape)
+
+# %% 6.3 | no saturation: relies on the backend's cast | expect: clamp x / 2^shared_exp to ±448 yourself
+E4M3 = torch.float8_e4m3fn
+
+
+def mx_quantize(x: torch.Tensor, block: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    """MXFP8 (OCP MX v1.0, §6.3): x (M, K) -> (q float8_e4m3fn (M, K), e8m0 scale bytes uint8 (M, K/block))."""
+    xb = x.float().reshape(x.shape[0], -1, block)  # (M, K/block, block): 1×block blocks along each row
+    amax = xb.abs().amax(dim=-1)  # (M, K/block)
+    _, e = torch.frexp(amax)  # amax = m·2^e with m in [0.5, 1), so ⌊log2 amax⌋ = e − 1, exactly
+    shared = torch.where(amax > 0, e - 1 - 8, -127).clamp(-127, 127)  # (M, K/block)
+    scale = torch.ldexp(torch.ones_like(amax), shared)  # 2^shared, exact
+    q = (xb / scale[..., None]).to(E4M3)
+    return q.reshape(x.shape), (shared + 127).to(torch.uint8)
+
+
+def mx_dequantize(q: torch.Tensor, scale_bytes: torch.Tensor, block: int = 32) -> torch.Tensor:
+    """x̂ = q · 2^(byte − 127), block by block, in fp32 (M, K)."""
+    qb = q.float().reshape(q.shape[0], -1, block)  # (M, K/block, block)
+    return torch.ldexp(qb, scale_bytes.int()[..., None] - 127).reshape(q.shape)
+
+# %% 6.3 | blocks down the columns instead of along the rows | expect: along the LAST axis
+E4M3 = torch.float8_e4m3fn
+
+
+def mx_quantize(x: torch.Tensor, block: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    """MXFP8 (OCP MX v1.0, §6.3): x (M, K) -> (q float8_e4m3fn (M, K), e8m0 scale bytes uint8 (M, K/block))."""
+    xb = x.float().t().reshape(x.shape[1], -1, block)  # (K, M/block, block): blocks down each column
+    amax = xb.abs().amax(dim=-1)  # (M, K/block)
+    _, e = torch.frexp(amax)  # amax = m·2^e with m in [0.5, 1), so ⌊log2 amax⌋ = e − 1, exactly
+    shared = torch.where(amax > 0, e - 1 - 8, -127).clamp(-127, 127)  # (M, K/block)
+    scale = torch.ldexp(torch.ones_like(amax), shared)  # 2^shared, exact
+    q = (xb / scale[..., None]).clamp(-448.0, 448.0).to(E4M3)  # saturate: a cast alone need not
+    return q.reshape(x.shape[1], x.shape[0]).t(), (shared + 127).to(torch.uint8).t()
+
+
+def mx_dequantize(q: torch.Tensor, scale_bytes: torch.Tensor, block: int = 32) -> torch.Tensor:
+    """x̂ = q · 2^(byte − 127), block by block, in fp32 (M, K)."""
+    qb = q.float().reshape(q.shape[0], -1, block)  # (M, K/block, block)
+    return torch.ldexp(qb, scale_bytes.int()[..., None] - 127).reshape(q.shape)
+
+# %% 6.3 | floor(log2(amax)) in fp32: rounds up just below a power of two | expect: torch.frexp is exact
+E4M3 = torch.float8_e4m3fn
+
+
+def mx_quantize(x: torch.Tensor, block: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    """MXFP8 (OCP MX v1.0, §6.3): x (M, K) -> (q float8_e4m3fn (M, K), e8m0 scale bytes uint8 (M, K/block))."""
+    xb = x.float().reshape(x.shape[0], -1, block)  # (M, K/block, block): 1×block blocks along each row
+    amax = xb.abs().amax(dim=-1)  # (M, K/block)
+    e = torch.floor(torch.log2(amax)).nan_to_num(0, 0, 0).int() + 1
+    shared = torch.where(amax > 0, e - 1 - 8, -127).clamp(-127, 127)  # (M, K/block)
+    scale = torch.ldexp(torch.ones_like(amax), shared)  # 2^shared, exact
+    q = (xb / scale[..., None]).clamp(-448.0, 448.0).to(E4M3)  # saturate: a cast alone need not
+    return q.reshape(x.shape), (shared + 127).to(torch.uint8)
+
+
+def mx_dequantize(q: torch.Tensor, scale_bytes: torch.Tensor, block: int = 32) -> torch.Tensor:
+    """x̂ = q · 2^(byte − 127), block by block, in fp32 (M, K)."""
+    qb = q.float().reshape(q.shape[0], -1, block)  # (M, K/block, block)
+    return torch.ldexp(qb, scale_bytes.int()[..., None] - 127).reshape(q.shape)
+
+# %% 6.3 | rounds the shared exponent up (ceil): nothing saturates, but it is not the spec's | expect: 2^(⌊log2 amax⌋ − 8)
+E4M3 = torch.float8_e4m3fn
+
+
+def mx_quantize(x: torch.Tensor, block: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    """MXFP8 (OCP MX v1.0, §6.3): x (M, K) -> (q float8_e4m3fn (M, K), e8m0 scale bytes uint8 (M, K/block))."""
+    xb = x.float().reshape(x.shape[0], -1, block)  # (M, K/block, block): 1×block blocks along each row
+    amax = xb.abs().amax(dim=-1)  # (M, K/block)
+    _, e = torch.frexp(amax)  # amax = m·2^e with m in [0.5, 1), so ⌊log2 amax⌋ = e − 1, exactly
+    shared = torch.where(amax > 0, torch.ceil(torch.log2(amax / 448.0)).int(), -127).clamp(-127, 127)
+    scale = torch.ldexp(torch.ones_like(amax), shared)  # 2^shared, exact
+    q = (xb / scale[..., None]).clamp(-448.0, 448.0).to(E4M3)  # saturate: a cast alone need not
+    return q.reshape(x.shape), (shared + 127).to(torch.uint8)
+
+
+def mx_dequantize(q: torch.Tensor, scale_bytes: torch.Tensor, block: int = 32) -> torch.Tensor:
+    """x̂ = q · 2^(byte − 127), block by block, in fp32 (M, K)."""
+    qb = q.float().reshape(q.shape[0], -1, block)  # (M, K/block, block)
+    return torch.ldexp(qb, scale_bytes.int()[..., None] - 127).reshape(q.shape)
+
+# %% 6.3 | an all-zero block gets exponent 0 (byte 127), not -127 | expect: all-zero block: byte 0
+E4M3 = torch.float8_e4m3fn
+
+
+def mx_quantize(x: torch.Tensor, block: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    """MXFP8 (OCP MX v1.0, §6.3): x (M, K) -> (q float8_e4m3fn (M, K), e8m0 scale bytes uint8 (M, K/block))."""
+    xb = x.float().reshape(x.shape[0], -1, block)  # (M, K/block, block): 1×block blocks along each row
+    amax = xb.abs().amax(dim=-1)  # (M, K/block)
+    _, e = torch.frexp(amax)  # amax = m·2^e with m in [0.5, 1), so ⌊log2 amax⌋ = e − 1, exactly
+    shared = torch.where(amax > 0, e - 1 - 8, 0).clamp(-127, 127)
+    scale = torch.ldexp(torch.ones_like(amax), shared)  # 2^shared, exact
+    q = (xb / scale[..., None]).clamp(-448.0, 448.0).to(E4M3)  # saturate: a cast alone need not
+    return q.reshape(x.shape), (shared + 127).to(torch.uint8)
+
+
+def mx_dequantize(q: torch.Tensor, scale_bytes: torch.Tensor, block: int = 32) -> torch.Tensor:
+    """x̂ = q · 2^(byte − 127), block by block, in fp32 (M, K)."""
+    qb = q.float().reshape(q.shape[0], -1, block)  # (M, K/block, block)
+    return torch.ldexp(qb, scale_bytes.int()[..., None] - 127).reshape(q.shape)
+
+# %% 6.3 | dequantizes with 2^byte (forgets the bias 127) | expect: 2^(byte − 127)
+E4M3 = torch.float8_e4m3fn
+
+
+def mx_quantize(x: torch.Tensor, block: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    """MXFP8 (OCP MX v1.0, §6.3): x (M, K) -> (q float8_e4m3fn (M, K), e8m0 scale bytes uint8 (M, K/block))."""
+    xb = x.float().reshape(x.shape[0], -1, block)  # (M, K/block, block): 1×block blocks along each row
+    amax = xb.abs().amax(dim=-1)  # (M, K/block)
+    _, e = torch.frexp(amax)  # amax = m·2^e with m in [0.5, 1), so ⌊log2 amax⌋ = e − 1, exactly
+    shared = torch.where(amax > 0, e - 1 - 8, -127).clamp(-127, 127)  # (M, K/block)
+    scale = torch.ldexp(torch.ones_like(amax), shared)  # 2^shared, exact
+    q = (xb / scale[..., None]).clamp(-448.0, 448.0).to(E4M3)  # saturate: a cast alone need not
+    return q.reshape(x.shape), (shared + 127).to(torch.uint8)
+
+
+def mx_dequantize(q: torch.Tensor, scale_bytes: torch.Tensor, block: int = 32) -> torch.Tensor:
+    """x̂ = q · 2^(byte − 127), block by block, in fp32 (M, K)."""
+    qb = q.float().reshape(q.shape[0], -1, block)  # (M, K/block, block)
+    return torch.ldexp(qb, scale_bytes.int()[..., None]).reshape(q.shape)
+
+# %% 6.3 | delegates to the lesson's fp8_scaling.quantize | expect: write the MX quantiser yourself
+E4M3 = torch.float8_e4m3fn
+
+
+def mx_quantize(x: torch.Tensor, block: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    """MXFP8 (OCP MX v1.0, §6.3): x (M, K) -> (q float8_e4m3fn (M, K), e8m0 scale bytes uint8 (M, K/block))."""
+    from m11_helpers.fp8_scaling import quantize
+    q, s = quantize(x.float(), "mx")
+    return q, (torch.frexp(s)[1] - 1 + 127).to(torch.uint8)
+
+
+def mx_dequantize(q: torch.Tensor, scale_bytes: torch.Tensor, block: int = 32) -> torch.Tensor:
+    """x̂ = q · 2^(byte − 127), block by block, in fp32 (M, K)."""
+    qb = q.float().reshape(q.shape[0], -1, block)  # (M, K/block, block)
+    return torch.ldexp(qb, scale_bytes.int()[..., None] - 127).reshape(q.shape)
 
 # %% 6.4 | clips with the local shard's norm (no communication) | expect: GLOBAL norm
 def sharded_clip_(local_params, max_norm):
@@ -258,6 +1176,23 @@ def sharded_clip_(local_params, max_norm):
     for p in local_params:
         if p.grad is not None:
             p.grad.mul_(coef)
+    return total
+
+# %% 6.4 | counts the replicated parameters on every rank | expect: once per rank
+def sharded_clip_(local_params, max_norm: float) -> torch.Tensor:
+    """Global-norm clipping when each rank holds a shard of the gradients; returns the global norm."""
+    import torch.distributed as dist
+    held = [p for p in local_params if p.grad is not None]
+    own = [p.grad.pow(2).sum() for p in held if not getattr(p, "replicated", False)]
+    shared = [p.grad.pow(2).sum() for p in held if getattr(p, "replicated", False)]
+    sq = torch.stack(own).sum() if own else torch.zeros(())  # () this rank's own sum of squares
+    if shared:
+        sq = sq + torch.stack(shared).sum()  # a replicated parameter counts once: on rank 0
+    dist.all_reduce(sq, op=dist.ReduceOp.SUM)  # one number per rank on the wire
+    total = sq.sqrt()
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    for p in held:
+        p.grad.mul_(coef)
     return total
 
 # %% 6.5 | steps AdamW on the bf16 parameters themselves (no master copy) | expect: separate fp32 copy
