@@ -1,6 +1,6 @@
 """What lesson 12 runs on its ranks: each run's measurements, as the notebook reads them, on 4 real gloo ranks.
 
-The ring run is also the test of `context_parallel.ring_attention` and `ulysses.ulysses_attention` on real ranks
+ep_run is tested in tests/test_expert_parallel.py's launch. The ring run is also the test of `context_parallel.ring_attention` and `ulysses.ulysses_attention` on real ranks
 (one launch for both families: equality with one process, messages, bytes, work per rank, the head limit).
 """
 
@@ -8,7 +8,7 @@ import pytest
 
 from m11_helpers.context_parallel import LAYOUTS, ring_bytes_per_rank, score_tiles
 from m11_helpers.launch import launch
-from m11_helpers.long_context_runs import ep_run, ring_run, sp_run
+from m11_helpers.long_context_runs import ring_run, sp_run
 from m11_helpers.sequence_parallel import ring_bytes
 from m11_helpers.ulysses import ulysses_bytes_per_rank
 
@@ -61,16 +61,3 @@ def test_ulysses_equals_full_attention_and_sends_half_the_ring(ring):
         assert rg["bytes_sent"] == ring_bytes_per_rank(T, N, N * D, dtype_bytes=8, batch=B)["forward"]
         assert rg["bytes_sent"] == N / 2 * u["bytes_sent"]  # ring / Ulysses = N/2 at equal K/V width
         assert "heads (2) must be a multiple" in r["head_limit"]  # 2 heads on 4 ranks: no whole head each
-
-
-@pytest.mark.parametrize("cf", [None, 1.0])
-def test_ep_run_equal_and_drops(cf, ep_results):
-    for r in ep_results:
-        assert max(r[cf][k] for k in ("diff_y", "diff_dx", "diff_expert_grad")) < 1e-12
-    dropped = sum(r[cf]["dropped"] for r in ep_results)
-    assert (dropped == 0) == (cf is None)
-
-
-@pytest.fixture(scope="module")
-def ep_results():
-    return launch(ep_run, (None, 1.0), num_processes=4, device="cpu", show_output=False)
