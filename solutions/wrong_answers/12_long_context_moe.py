@@ -923,33 +923,6 @@ def hsdp_reduce(grad: torch.Tensor, shard_group, replicate_group) -> torch.Tenso
     backend_reduce_scatter(part, grad, group=shard_group)
     return part / dist.get_world_size()
 
-# %% 12.5 | all-reduces over the whole world, then keeps its shard | expect: may cross nodes
-def hsdp_groups(replicate: int, shard: int):
-    """This rank's (shard group, replicate group) on a (replicate, shard) mesh of replicate·shard ranks."""
-    rank = dist.get_rank()
-    # every rank creates every group, in the same order (new_group is collective over the whole world)
-    shards = [dist.new_group(list(range(i * shard, (i + 1) * shard))) for i in range(replicate)]  # one node each
-    replicas = [dist.new_group(list(range(j, replicate * shard, shard))) for j in range(shard)]  # across nodes
-    return shards[rank // shard], replicas[rank % shard]
-
-
-def hsdp_gather(part: torch.Tensor, shard_group) -> torch.Tensor:
-    """This rank's parameter shard (P/g,) -> the whole flat parameters (P,), before forward (and backward)."""
-    g = dist.get_world_size(shard_group)
-    out = part.new_empty(g * part.numel())  # (P,)
-    backend_all_gather(out, part, group=shard_group)  # inside the node only
-    return out
-
-
-def hsdp_reduce(grad: torch.Tensor, shard_group, replicate_group) -> torch.Tensor:
-    """This rank's whole local gradient (P,) -> its shard (P/g,) of the gradient averaged over every rank."""
-    g = dist.get_world_size(shard_group)
-    part = grad.new_empty(grad.numel() // g)  # (P/g,)
-    total = grad.clone()
-    dist.all_reduce(total)  # every rank's gradient, everywhere
-    part = total.chunk(g)[dist.get_rank(shard_group)].clone()
-    return part / dist.get_world_size()
-
 # %% 12.5 | averages over the replicas only (divides by the replicate size) | expect: every rank's batch
 def hsdp_groups(replicate: int, shard: int):
     """This rank's (shard group, replicate group) on a (replicate, shard) mesh of replicate·shard ranks."""
