@@ -1,7 +1,8 @@
 """What lesson 12 runs on its ranks: one function per mechanism, each measuring several things in one launch.
 
     launch(sp_run, num_processes=4)      # sequence parallelism: equality, bytes per collective, activation bytes
-    launch(ring_run, num_processes=4)    # ring attention: equality (4 cases), work per rank, bytes, saved bytes
+    launch(ring_run, num_processes=4)    # ring attention: equality (4 cases), work per rank, bytes, saved bytes;
+                                         # Ulysses against the ring on 4 heads, and its head-count limit on 2
     launch(ep_run, num_processes=4)      # expert parallelism: equality, dropped tokens per capacity factor, bytes
 
 Each rank also computes the single-process reference itself (the shapes are tiny) and returns the
@@ -21,9 +22,11 @@ from m11_helpers import tensor_parallel as tp
 from m11_helpers.attention import flash_attention, naive_attention
 from m11_helpers.compare import max_diff
 from m11_helpers.context_parallel import LAYOUTS, ring_attention, shard_sequence
+from m11_helpers.grading.observe import record_comm
 from m11_helpers.launch.base import rank_device
 from m11_helpers.memory import saved_activation_bytes, track_saved_tensors
 from m11_helpers.models import tiny_gpt
+from m11_helpers.ulysses import ulysses_attention
 
 __all__ = ["sp_run", "ring_run", "ep_run"]
 
@@ -73,11 +76,18 @@ def ring_run(batch: int = 1, heads: int = 2, seq_len: int = 64, head_dim: int = 
         for layout in LAYOUTS:
             mine = [shard_sequence(t, r, n, layout).requires_grad_() for t in (q, k, v)]
             stats: dict = {}
-            o = ring_attention(*mine, causal, layout=layout, stats=stats)
-            grads = torch.autograd.grad(o, mine, shard_sequence(do, r, n, layout))
+            with record_comm() as log:
+                o = ring_attention(*mine, causal, layout=layout, stats=stats)
+                grads = torch.autograd.grad(o, mine, shard_sequence(do, r, n, layout))
             diffs = [max_diff(o, shard_sequence(ref, r, n, layout))]
             diffs += [max_diff(a, shard_sequence(b, r, n, layout)) for a, b in zip(grads, ref_grads)]
-            out[(causal, layout)] = {"max_diff": max(diffs), **stats}
+            out[(causal, layout)] = {"max_diff": max(diffs), **stats, "isend_to": log.peers("isend"),
+                                     "irecv_from": log.peers("irecv"), "collectives": log.collectives()}
+    out["ulysses"] = _ulysses_vs_ring(q.shape, do.dtype, seed)
+    try:  # Ulysses gives each rank whole heads: 2 heads cannot spread over 4 ranks
+        ulysses_attention(*(shard_sequence(t, r, n) for t in (q, k, v)))
+    except ValueError as e:
+        out["head_limit"] = str(e)
     qf, kf, vf = (t.float() for t in (q, k, v))
     mine = [shard_sequence(t, r, n, "zigzag").requires_grad_() for t in (qf, kf, vf)]
     with track_saved_tensors() as saved:
@@ -86,6 +96,28 @@ def ring_run(batch: int = 1, heads: int = 2, seq_len: int = 64, head_dim: int = 
     full = [t.clone().requires_grad_() for t in (qf, kf, vf)]
     out["saved_naive"] = saved_activation_bytes(naive_attention, *full, causal=True)
     out["saved_flash"] = saved_activation_bytes(flash_attention, *full, causal=True)
+    return out
+
+
+def _ulysses_vs_ring(shape, dtype, seed: int) -> dict:
+    """Causal Ulysses and ring attention on the same N-head sequence shards: equality (forward, grads) and bytes."""
+    r, n = dist.get_rank(), dist.get_world_size()
+    g = torch.Generator().manual_seed(seed + 2)
+    b, _, t, d = shape
+    q, k, v, do = (torch.randn(b, n, t, d, generator=g, dtype=dtype).to(rank_device()) for _ in range(4))
+    full = [x.clone().requires_grad_() for x in (q, k, v)]
+    ref = naive_attention(*full, causal=True)  # (B, N, T, D): N heads, one whole head per rank for Ulysses
+    ref_grads = torch.autograd.grad(ref, full, do)
+    out = {"heads": q.shape[1]}
+    for name, fn in (("ulysses", ulysses_attention), ("ring", ring_attention)):
+        mine = [shard_sequence(x, r, n).requires_grad_() for x in (q, k, v)]  # contiguous positions
+        stats: dict = {}
+        with record_comm() as log:
+            o = fn(*mine, causal=True, stats=stats)
+            grads = torch.autograd.grad(o, mine, shard_sequence(do, r, n))
+        diffs = [max_diff(o, shard_sequence(ref, r, n))] + [max_diff(a, shard_sequence(c, r, n))
+                                                             for a, c in zip(grads, ref_grads)]
+        out[name] = {"max_diff": max(diffs), **stats, "ops": sorted(set(log.ops()))}
     return out
 
 

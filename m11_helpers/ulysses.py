@@ -13,7 +13,8 @@ sends 4 · (N−1)/N² · B·T·h elements (q, k, v, out) — constant as T and 
 ring sends 2(N−1)/N · B·T·h_kv (Jacobs et al. 2023, "DeepSpeed Ulysses", arXiv:2309.14509, §3.2).
 The limit: a rank must hold at least one whole head, so N ≤ H (and N divides H; with grouped-query
 attention, the K/V heads bound it). Past that, combine: Ulysses inside a node, the ring across nodes
-(Fang & Zhao 2024, "USP", arXiv:2405.07719; Llama 3 uses the ring alone, Dubey et al. 2024 §3.3.2).
+(Fang & Zhao 2024, "USP", arXiv:2405.07719). Llama 3 uses neither: it all-gathers K/V inside its CP group,
+small with 8 grouped-query K/V heads, and works for any mask (Dubey et al. 2024, §3.3.2).
 gloo has no list `all_to_all`; `all_to_all_single` on one contiguous tensor works (as expert_parallel).
 """
 

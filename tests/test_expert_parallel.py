@@ -1,4 +1,7 @@
-"""Expert parallelism on 4 real gloo ranks against the dense single-process MoE layer, with and without dropping."""
+"""Expert parallelism on 4 real gloo ranks against the dense single-process MoE layer, with and without dropping.
+
+One launch also runs the bias-balanced layer (moe_balance) and the lesson's own `long_context_runs.ep_run`.
+"""
 
 import math
 
@@ -18,6 +21,7 @@ from m11_helpers.expert_parallel import (
 )
 from m11_helpers.grading.observe import record_comm
 from m11_helpers.launch import launch
+from m11_helpers.long_context_runs import ep_run
 
 H, E, K, TOKENS = 16, 8, 2, 64
 
@@ -52,6 +56,8 @@ def _on_ranks():
     y, _ = ExpertParallelMoE(moe)(xl)
     (y * w.chunk(n)[r]).sum().backward()  # hung on ranks 1-3 when their empty experts left the graph
     out["skewed"] = {"y": y.detach(), "dx": xl.grad}
+    out["biased"] = _ep_rank(None)  # DeepSeek-V3's bias under EP (moe_balance), in the same launch
+    out["ep_run"] = ep_run((None, 1.0))  # the lesson's own run (long_context_runs), in the same launch
     return out
 
 
@@ -146,3 +152,62 @@ def test_bad_input():
         with pytest.raises(ValueError, match=name):
             call()
     assert math.isclose(expert_capacity(10, 3, 1, 1.0), 4)
+
+
+def _ep_rank(capacity_factor):
+    import torch.distributed as dist
+
+    from m11_helpers.expert_parallel import ExpertParallelMoE
+    from m11_helpers.moe_balance import BiasedMoELayer, update_bias
+
+    rank, n = dist.get_rank(), dist.get_world_size()
+    x, t = _tokens()
+    moe = BiasedMoELayer(16, 8, 2, capacity_factor=capacity_factor, seed=0)
+    ep = ExpertParallelMoE(moe)
+    for step in range(2):  # step 0 sets the bias from the global load; step 1 routes with it
+        moe.zero_grad()
+        y, _ = ep(x[rank::n])
+        torch.nn.functional.mse_loss(y, t[rank::n]).backward()
+        update_bias(moe.bias, moe.routing(x[rank::n]).experts, gamma=0.05)
+    dist.all_reduce(moe.router.weight.grad)  # the router is replicated: its gradient is a sum over ranks
+    return {"y": y.detach(), "bias": moe.bias.clone(), "router": moe.router.weight.grad,
+            "experts": {i: [p.grad for p in ep.local[i - rank * ep.per_rank].parameters()]
+                        for i in range(rank * ep.per_rank, (rank + 1) * ep.per_rank)}}
+
+
+def _tokens():
+    g = torch.Generator().manual_seed(3)
+    return torch.randn(32, 16, generator=g) + 2.0 * torch.randn(16, generator=g), torch.randn(32, 16, generator=g)
+
+
+def test_bias_balanced_moe_expert_parallel_equals_one_process(results, cf=None):
+    from m11_helpers.moe_balance import BiasedMoELayer, moe_step
+
+    results = [r["biased"] for r in results]
+    x, t = _tokens()
+    moe = BiasedMoELayer(16, 8, 2, capacity_factor=cf, seed=0)
+    chunks = [x[r::4] for r in range(4)]
+    for step in range(2):
+        moe.zero_grad()
+        outs = [moe_step(moe, c, moe.bias, None)[0] for c in chunks]
+        sum(torch.nn.functional.mse_loss(o, t[r::4]) for r, o in enumerate(outs)).backward()
+        chosen = torch.cat([moe.routing(c).experts for c in chunks])
+        load = torch.bincount(chosen.reshape(-1), minlength=8).float()
+        moe.bias += 0.05 * torch.sign(load.mean() - load)
+    assert moe.bias.abs().sum() > 0  # the bias really moved the routing
+    for r, res in enumerate(results):
+        torch.testing.assert_close(res["y"], outs[r].detach(), atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(res["bias"], moe.bias)  # every rank holds the same bias: global load
+        torch.testing.assert_close(res["router"], moe.router.weight.grad, atol=1e-6, rtol=1e-5)
+        for i, grads in res["experts"].items():
+            for got, want in zip(grads, [p.grad for p in moe.experts[i].parameters()]):
+                torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("cf", [None, 1.0])
+def test_ep_run_equal_and_drops(cf, results):
+    runs = [r["ep_run"] for r in results]
+    for r in runs:
+        assert max(r[cf][k] for k in ("diff_y", "diff_dx", "diff_expert_grad")) < 1e-12
+    dropped = sum(r[cf]["dropped"] for r in runs)
+    assert (dropped == 0) == (cf is None)

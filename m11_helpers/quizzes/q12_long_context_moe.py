@@ -3,12 +3,16 @@
 from m11_helpers.comm_model import HGX_H100
 from m11_helpers.hsdp import hsdp_vs_fsdp
 from m11_helpers.quiz import Question
+from m11_helpers.ulysses import choose_cp, ulysses_bytes_per_rank
 
 _NODES, _G = 4, HGX_H100.gpus  # the lesson compares 8 nodes; this quiz, 4
 _N = _NODES * _G
 _X = hsdp_vs_fsdp(1.0, _NODES, HGX_H100)  # per GPU, bytes per byte of parameters (= gradients here)
 _GAIN = _X["fsdp_inter_bytes"] / _X["hsdp_inter_bytes"]
 _NODE_MISTAKE = _X["fsdp_inter_bytes"] * _G / _X["hsdp_inter_bytes"]  # a node's FSDP bytes against one GPU's HSDP
+_CP = choose_cp(16, 4, 8)  # 16 CP ranks on two 8-GPU nodes, 4 K/V heads (the lesson's table: other cases)
+# a rank's bf16 all-to-alls per layer: its Ulysses group holds T/ring positions; q and out 32·128 wide, k and v 4·128
+_U = ulysses_bytes_per_rank(262144 // _CP["ring"], _CP["ulysses"], 1)["per_all_to_all"] * (2 * 4096 + 2 * 512) / 2**20
 
 QUESTIONS = [
     Question("Megatron sequence parallelism replaces each tensor-parallel all-reduce with a reduce-scatter and an "
@@ -68,5 +72,21 @@ QUESTIONS = [
               "Right: tokens ≥ (N−1)/N·P·b·F/(B·FLOPs per token): F doubles, so does the threshold (and with one "
               "NIC per node, B is 8× smaller: ~7,500 tokens).",
               "P cancels: both the compute and the all-gather of a layer scale with its parameters."],
+             transfer=True),
+    Question("A model with 32 query heads and 4 K/V heads (grouped-query attention) trains at 256K tokens with "
+             "context parallelism over 16 GPUs: two nodes of 8. Which layout does the ring / all-to-all rule choose?",
+             ["Ulysses over all 16 ranks: it sends the fewest bytes",
+              f"Ulysses over {_CP['ulysses']} ranks inside each node × a ring of {_CP['ring']} across (USP)",
+              "Ulysses over the 8 GPUs of each node × a ring of 2 across the nodes",
+              "the ring over all 16 ranks: Ulysses cannot run with grouped-query attention"], 1,
+             ["Ulysses gives each rank whole K/V heads: 4 K/V heads spread over at most 4 ranks, and an all-to-all "
+              "over 16 ranks would cross the inter-node network at every exchange.",
+              f"Right: the Ulysses degree is the largest divisor of 16 that divides the 4 K/V heads and fits in a "
+              f"node, {_CP['ulysses']}; the ring takes 16/{_CP['ulysses']} = {_CP['ring']}. Its 4 all-to-alls send "
+              f"(u−1)/u · (T/16) · (2h + 2h_kv) ≈ {_U:,.0f} MiB per rank and layer (bf16) over NVLink; the ring's hops "
+              "are the part that crosses nodes, each hidden behind a tile of attention.",
+              "8 ranks would split 4 K/V heads into halves: a rank must hold whole heads.",
+              "It can: the degree is bounded by the K/V heads (4 here), not forbidden; the ring alone would also "
+              "work, but pays the ring's bytes where an all-to-all inside the node is cheaper."],
              transfer=True),
 ]

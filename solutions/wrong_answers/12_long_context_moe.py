@@ -169,199 +169,782 @@ class ScatterSeq(torch.autograd.Function):
         backend_all_gather(out, grad.contiguous())
         return out
 
-# %% 12.3 | all-gathers K and V, then attends locally (no ring) | expect: no all_gather
-def ring_attention_forward(q, k, v):
-    n = dist.get_world_size()
-    kv = torch.cat([k, v], dim=-1).contiguous()  # (B, H, T/N, 2D)
-    full = kv.new_empty((n * kv.shape[0], *kv.shape[1:]))
-    backend_all_gather(full, kv)  # every rank's block, stacked along dim 0
-    full = torch.cat(full.chunk(n, dim=0), dim=-2)  # (B, H, T, 2D)
-    D = q.shape[-1]
-    s = (q @ full[..., :D].transpose(-2, -1)) / math.sqrt(D)
-    return s.softmax(-1) @ full[..., D:]
+# %% 12.3 | a step that waits for its message before computing on the block it holds (forward) | expect: in flight while it computes in forward
+def _tile(q, k, a, b, scale):
+    """Scores of query chunk a against key chunk b (B, H, c, c); None when every key is in the future."""
+    if b > a:  # chunk b comes after chunk a: causal attention skips the whole tile
+        return None
+    s = (q @ k.transpose(-2, -1)) * scale  # (B, H, c, c)
+    if a == b:  # the diagonal tile: query i sees keys 0..i of the chunk, never j > i
+        s = s.masked_fill(torch.ones_like(s, dtype=torch.bool).triu(1), float("-inf"))
+    return s
 
-# %% 12.3 | blocking send, then receive, on every rank | expect: deadlock
-def ring_attention_forward(q, k, v):
-    rank, n = dist.get_rank(), dist.get_world_size()
-    D, scale = q.shape[-1], 1.0 / math.sqrt(q.shape[-1])
-    m = q.new_full((*q.shape[:-1], 1), float("-inf"))
-    l = q.new_zeros((*q.shape[:-1], 1))
-    o = torch.zeros_like(q)
-    kv = torch.cat([k, v], dim=-1).contiguous()
-    for step in range(n):
-        s = (q @ kv[..., :D].transpose(-2, -1)) * scale
-        m, l, o = online_softmax_update(m, l, o, s, kv[..., D:])
-        if step < n - 1:
-            nxt = torch.empty_like(kv)
-            dist.send(kv, (rank + 1) % n)
-            dist.recv(nxt, (rank - 1) % n)
-            kv = nxt
-    return o / l
 
-# %% 12.3 | averages each block's softmax output instead of merging with the running max | expect: online_softmax_update
-def ring_attention_forward(q, k, v):
-    rank, n = dist.get_rank(), dist.get_world_size()
-    D = q.shape[-1]
-    total = torch.zeros_like(q)
-    kv = torch.cat([k, v], dim=-1).contiguous()
-    for step in range(n):
-        if step < n - 1:
-            nxt = torch.empty_like(kv)
-            reqs = [dist.isend(kv, (rank + 1) % n), dist.irecv(nxt, (rank - 1) % n)]
-        s = (q @ kv[..., :D].transpose(-2, -1)) / math.sqrt(D)
-        total += s.softmax(-1) @ kv[..., D:]
-        if step < n - 1:
-            for req in reqs:
-                req.wait()
-            kv = nxt
-    return total / n
+class RingAttention(torch.autograd.Function):
+    """Causal attention of this rank's zigzag part (B, H, T/N, D), K/V passed around the ring, and its backward."""
 
-# %% 12.3 | sends its block to every rank directly (no ring) | expect: one neighbour
-def ring_attention_forward(q, k, v):
-    rank, n = dist.get_rank(), dist.get_world_size()
-    D, scale = q.shape[-1], 1.0 / math.sqrt(q.shape[-1])
-    kv = torch.cat([k, v], dim=-1).contiguous()
-    blocks = {rank: kv}
-    reqs = []
-    for other in range(n):
-        if other != rank:
-            blocks[other] = torch.empty_like(kv)
-            reqs += [dist.isend(kv, other), dist.irecv(blocks[other], other)]
-    for req in reqs:
-        req.wait()
-    m = q.new_full((*q.shape[:-1], 1), float("-inf"))
-    l = q.new_zeros((*q.shape[:-1], 1))
-    o = torch.zeros_like(q)
-    for b in blocks.values():
-        m, l, o = online_softmax_update(m, l, o, (q @ b[..., :D].transpose(-2, -1)) * scale, b[..., D:])
-    return o / l
+    @staticmethod
+    def forward(ctx, q, k, v):
+        rank, n = dist.get_rank(), dist.get_world_size()
+        right, left = (rank + 1) % n, (rank - 1) % n
+        D, scale = q.shape[-1], q.shape[-1] ** -0.5
+        qs = q.chunk(2, dim=-2)  # my chunks rank and 2N-1-rank, (B, H, c, D) each
+        state = [(x.new_full((*x.shape[:-1], 1), float("-inf")), x.new_zeros((*x.shape[:-1], 1)), torch.zeros_like(x))
+                 for x in qs]  # running (max, sum, unnormalised output) of each query chunk
+        kv = torch.cat([k, v], dim=-1).contiguous()  # (B, H, T/N, 2D): one message per hop
+        for step in range(n):
+            src = (rank - step) % n  # whose K/V block this rank holds now
+            if step < n - 1:  # post the next hop first: it travels while this block is computed
+                nxt = torch.empty_like(kv)
+                reqs = [dist.isend(kv, right, tag=0), dist.irecv(nxt, left, tag=0)]
+                for req in reqs:  # wait for the next block first
+                    req.wait()
+                reqs = []
+            ks, vs = kv[..., :D].chunk(2, dim=-2), kv[..., D:].chunk(2, dim=-2)
+            for i, a in enumerate((rank, 2 * n - 1 - rank)):
+                for j, b in enumerate((src, 2 * n - 1 - src)):
+                    s = _tile(qs[i], ks[j], a, b, scale)
+                    if s is not None:
+                        state[i] = online_softmax_update(*state[i], s, vs[j])
+            if step < n - 1:
+                for req in reqs:
+                    req.wait()
+                kv = nxt
+        out = torch.cat([o / l for _, l, o in state], dim=-2)  # (B, H, T/N, D)
+        lse = torch.cat([m + l.log() for m, l, _ in state], dim=-2)  # (B, H, T/N, 1): log-sum-exp of each row
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out
 
-# %% 12.4 | every token gathered to every rank, experts applied there, results summed | expect: all_to_all_single
-def moe_forward(x, expert, gate, local_experts):
-    n, r, per = dist.get_world_size(), dist.get_rank(), len(local_experts)
-    xs = x.new_empty((n * x.shape[0], x.shape[1]))
-    backend_all_gather(xs, x.contiguous())
-    es = expert.new_empty(n * expert.shape[0])
-    backend_all_gather(es, expert.contiguous())
-    ys = torch.zeros_like(xs)
-    for i, fn in enumerate(local_experts):
-        rows = es == r * per + i
-        ys[rows] = fn(xs[rows])
-    dist.all_reduce(ys)
-    return ys.chunk(n)[r] * gate[:, None]
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, out, lse = ctx.saved_tensors
+        rank, n = dist.get_rank(), dist.get_world_size()
+        right, left = (rank + 1) % n, (rank - 1) % n
+        D, scale = q.shape[-1], q.shape[-1] ** -0.5
+        delta = (do * out).sum(dim=-1, keepdim=True)  # (B, H, T/N, 1): rowsum(dO ∘ O)
+        qs, dos, lses, deltas = (t.chunk(2, dim=-2) for t in (q, do.contiguous(), lse, delta))
+        dq = [torch.zeros_like(x) for x in qs]
+        kv = torch.cat([k, v], dim=-1).contiguous()  # (B, H, T/N, 2D)
+        travelling = None  # the gradient of the block held now, as the ranks before me summed it
+        for step in range(n):
+            src = (rank - step) % n
+            if step < n - 1:  # K/V travel as in forward, posted before computing
+                nxt = torch.empty_like(kv)
+                kv_reqs = [dist.isend(kv, right, tag=0), dist.irecv(nxt, left, tag=0)]
+            ks, vs = kv[..., :D].chunk(2, dim=-2), kv[..., D:].chunk(2, dim=-2)
+            dk, dv = [torch.zeros_like(x) for x in ks], [torch.zeros_like(x) for x in vs]
+            for i, a in enumerate((rank, 2 * n - 1 - rank)):
+                for j, b in enumerate((src, 2 * n - 1 - src)):
+                    s = _tile(qs[i], ks[j], a, b, scale)
+                    if s is None:
+                        continue
+                    p = torch.exp(s - lses[i])  # (B, H, c, c): the exact softmax tile, from the saved lse
+                    ds = p * (dos[i] @ vs[j].transpose(-2, -1) - deltas[i]) * scale
+                    dq[i] += ds @ ks[j]
+                    dk[j] += ds.transpose(-2, -1) @ qs[i]
+                    dv[j] += p.transpose(-2, -1) @ dos[i]
+            dkv = torch.cat([torch.cat(dk, dim=-2), torch.cat(dv, dim=-2)], dim=-1)  # my part of block src's grad
+            if travelling is not None:  # what the ranks before me added, sent during the last step
+                buf, reqs = travelling
+                for req in reqs:
+                    req.wait()
+                dkv += buf
+            buf = torch.empty_like(dkv)  # pass it on to the right, where its block goes too
+            travelling = buf, [dist.isend(dkv, right, tag=1), dist.irecv(buf, left, tag=1)]
+            if step < n - 1:
+                for req in kv_reqs:
+                    req.wait()
+                kv = nxt
+        buf, reqs = travelling  # after N hops: my own block's gradient, with every rank's part
+        for req in reqs:
+            req.wait()
+        return torch.cat(dq, dim=-2), buf[..., :D].contiguous(), buf[..., D:].contiguous()
 
-# %% 12.4 | forgets to weight the outputs by the gate | expect: gate
-def moe_forward(x, expert, gate, local_experts):
+# %% 12.3 | backward: each step waits for the next K/V block before computing | expect: in flight while it computes in backward
+def _tile(q, k, a, b, scale):
+    """Scores of query chunk a against key chunk b (B, H, c, c); None when every key is in the future."""
+    if b > a:  # chunk b comes after chunk a: causal attention skips the whole tile
+        return None
+    s = (q @ k.transpose(-2, -1)) * scale  # (B, H, c, c)
+    if a == b:  # the diagonal tile: query i sees keys 0..i of the chunk, never j > i
+        s = s.masked_fill(torch.ones_like(s, dtype=torch.bool).triu(1), float("-inf"))
+    return s
+
+
+class RingAttention(torch.autograd.Function):
+    """Causal attention of this rank's zigzag part (B, H, T/N, D), K/V passed around the ring, and its backward."""
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        rank, n = dist.get_rank(), dist.get_world_size()
+        right, left = (rank + 1) % n, (rank - 1) % n
+        D, scale = q.shape[-1], q.shape[-1] ** -0.5
+        qs = q.chunk(2, dim=-2)  # my chunks rank and 2N-1-rank, (B, H, c, D) each
+        state = [(x.new_full((*x.shape[:-1], 1), float("-inf")), x.new_zeros((*x.shape[:-1], 1)), torch.zeros_like(x))
+                 for x in qs]  # running (max, sum, unnormalised output) of each query chunk
+        kv = torch.cat([k, v], dim=-1).contiguous()  # (B, H, T/N, 2D): one message per hop
+        for step in range(n):
+            src = (rank - step) % n  # whose K/V block this rank holds now
+            if step < n - 1:  # post the next hop first: it travels while this block is computed
+                nxt = torch.empty_like(kv)
+                reqs = [dist.isend(kv, right, tag=0), dist.irecv(nxt, left, tag=0)]
+            ks, vs = kv[..., :D].chunk(2, dim=-2), kv[..., D:].chunk(2, dim=-2)
+            for i, a in enumerate((rank, 2 * n - 1 - rank)):
+                for j, b in enumerate((src, 2 * n - 1 - src)):
+                    s = _tile(qs[i], ks[j], a, b, scale)
+                    if s is not None:
+                        state[i] = online_softmax_update(*state[i], s, vs[j])
+            if step < n - 1:
+                for req in reqs:
+                    req.wait()
+                kv = nxt
+        out = torch.cat([o / l for _, l, o in state], dim=-2)  # (B, H, T/N, D)
+        lse = torch.cat([m + l.log() for m, l, _ in state], dim=-2)  # (B, H, T/N, 1): log-sum-exp of each row
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, out, lse = ctx.saved_tensors
+        rank, n = dist.get_rank(), dist.get_world_size()
+        right, left = (rank + 1) % n, (rank - 1) % n
+        D, scale = q.shape[-1], q.shape[-1] ** -0.5
+        delta = (do * out).sum(dim=-1, keepdim=True)  # (B, H, T/N, 1): rowsum(dO ∘ O)
+        qs, dos, lses, deltas = (t.chunk(2, dim=-2) for t in (q, do.contiguous(), lse, delta))
+        dq = [torch.zeros_like(x) for x in qs]
+        kv = torch.cat([k, v], dim=-1).contiguous()  # (B, H, T/N, 2D)
+        travelling = None  # the gradient of the block held now, as the ranks before me summed it
+        for step in range(n):
+            src = (rank - step) % n
+            if step < n - 1:  # K/V travel as in forward, posted before computing
+                nxt = torch.empty_like(kv)
+                kv_reqs = [dist.isend(kv, right, tag=0), dist.irecv(nxt, left, tag=0)]
+                for req in kv_reqs:  # wait for the next block first
+                    req.wait()
+                kv_reqs = []
+            ks, vs = kv[..., :D].chunk(2, dim=-2), kv[..., D:].chunk(2, dim=-2)
+            dk, dv = [torch.zeros_like(x) for x in ks], [torch.zeros_like(x) for x in vs]
+            for i, a in enumerate((rank, 2 * n - 1 - rank)):
+                for j, b in enumerate((src, 2 * n - 1 - src)):
+                    s = _tile(qs[i], ks[j], a, b, scale)
+                    if s is None:
+                        continue
+                    p = torch.exp(s - lses[i])  # (B, H, c, c): the exact softmax tile, from the saved lse
+                    ds = p * (dos[i] @ vs[j].transpose(-2, -1) - deltas[i]) * scale
+                    dq[i] += ds @ ks[j]
+                    dk[j] += ds.transpose(-2, -1) @ qs[i]
+                    dv[j] += p.transpose(-2, -1) @ dos[i]
+            dkv = torch.cat([torch.cat(dk, dim=-2), torch.cat(dv, dim=-2)], dim=-1)  # my part of block src's grad
+            if travelling is not None:  # what the ranks before me added, sent during the last step
+                buf, reqs = travelling
+                for req in reqs:
+                    req.wait()
+                dkv += buf
+            buf = torch.empty_like(dkv)  # pass it on to the right, where its block goes too
+            travelling = buf, [dist.isend(dkv, right, tag=1), dist.irecv(buf, left, tag=1)]
+            if step < n - 1:
+                for req in kv_reqs:
+                    req.wait()
+                kv = nxt
+        buf, reqs = travelling  # after N hops: my own block's gradient, with every rank's part
+        for req in reqs:
+            req.wait()
+        return torch.cat(dq, dim=-2), buf[..., :D].contiguous(), buf[..., D:].contiguous()
+
+# %% 12.3 | masks as if rank r held one contiguous chunk r (not the zigzag): the last rank does N times the first's work | expect: equal causal work
+def _tile(q, k, a, b, scale):
+    """Scores of query chunk a against key chunk b (B, H, c, c); None when every key is in the future."""
+    if b > a:  # chunk b comes after chunk a: causal attention skips the whole tile
+        return None
+    s = (q @ k.transpose(-2, -1)) * scale  # (B, H, c, c)
+    if a == b:  # the diagonal tile: query i sees keys 0..i of the chunk, never j > i
+        s = s.masked_fill(torch.ones_like(s, dtype=torch.bool).triu(1), float("-inf"))
+    return s
+
+
+class RingAttention(torch.autograd.Function):
+    """Causal attention of this rank's zigzag part (B, H, T/N, D), K/V passed around the ring, and its backward."""
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        rank, n = dist.get_rank(), dist.get_world_size()
+        right, left = (rank + 1) % n, (rank - 1) % n
+        D, scale = q.shape[-1], q.shape[-1] ** -0.5
+        qs = q.chunk(2, dim=-2)  # my chunks rank and 2N-1-rank, (B, H, c, D) each
+        state = [(x.new_full((*x.shape[:-1], 1), float("-inf")), x.new_zeros((*x.shape[:-1], 1)), torch.zeros_like(x))
+                 for x in qs]  # running (max, sum, unnormalised output) of each query chunk
+        kv = torch.cat([k, v], dim=-1).contiguous()  # (B, H, T/N, 2D): one message per hop
+        for step in range(n):
+            src = (rank - step) % n  # whose K/V block this rank holds now
+            if step < n - 1:  # post the next hop first: it travels while this block is computed
+                nxt = torch.empty_like(kv)
+                reqs = [dist.isend(kv, right, tag=0), dist.irecv(nxt, left, tag=0)]
+            ks, vs = kv[..., :D].chunk(2, dim=-2), kv[..., D:].chunk(2, dim=-2)
+            for i, a in enumerate((2 * rank, 2 * rank + 1)):
+                for j, b in enumerate((2 * src, 2 * src + 1)):
+                    s = _tile(qs[i], ks[j], a, b, scale)
+                    if s is not None:
+                        state[i] = online_softmax_update(*state[i], s, vs[j])
+            if step < n - 1:
+                for req in reqs:
+                    req.wait()
+                kv = nxt
+        out = torch.cat([o / l for _, l, o in state], dim=-2)  # (B, H, T/N, D)
+        lse = torch.cat([m + l.log() for m, l, _ in state], dim=-2)  # (B, H, T/N, 1): log-sum-exp of each row
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, out, lse = ctx.saved_tensors
+        rank, n = dist.get_rank(), dist.get_world_size()
+        right, left = (rank + 1) % n, (rank - 1) % n
+        D, scale = q.shape[-1], q.shape[-1] ** -0.5
+        delta = (do * out).sum(dim=-1, keepdim=True)  # (B, H, T/N, 1): rowsum(dO ∘ O)
+        qs, dos, lses, deltas = (t.chunk(2, dim=-2) for t in (q, do.contiguous(), lse, delta))
+        dq = [torch.zeros_like(x) for x in qs]
+        kv = torch.cat([k, v], dim=-1).contiguous()  # (B, H, T/N, 2D)
+        travelling = None  # the gradient of the block held now, as the ranks before me summed it
+        for step in range(n):
+            src = (rank - step) % n
+            if step < n - 1:  # K/V travel as in forward, posted before computing
+                nxt = torch.empty_like(kv)
+                kv_reqs = [dist.isend(kv, right, tag=0), dist.irecv(nxt, left, tag=0)]
+            ks, vs = kv[..., :D].chunk(2, dim=-2), kv[..., D:].chunk(2, dim=-2)
+            dk, dv = [torch.zeros_like(x) for x in ks], [torch.zeros_like(x) for x in vs]
+            for i, a in enumerate((2 * rank, 2 * rank + 1)):
+                for j, b in enumerate((2 * src, 2 * src + 1)):
+                    s = _tile(qs[i], ks[j], a, b, scale)
+                    if s is None:
+                        continue
+                    p = torch.exp(s - lses[i])  # (B, H, c, c): the exact softmax tile, from the saved lse
+                    ds = p * (dos[i] @ vs[j].transpose(-2, -1) - deltas[i]) * scale
+                    dq[i] += ds @ ks[j]
+                    dk[j] += ds.transpose(-2, -1) @ qs[i]
+                    dv[j] += p.transpose(-2, -1) @ dos[i]
+            dkv = torch.cat([torch.cat(dk, dim=-2), torch.cat(dv, dim=-2)], dim=-1)  # my part of block src's grad
+            if travelling is not None:  # what the ranks before me added, sent during the last step
+                buf, reqs = travelling
+                for req in reqs:
+                    req.wait()
+                dkv += buf
+            buf = torch.empty_like(dkv)  # pass it on to the right, where its block goes too
+            travelling = buf, [dist.isend(dkv, right, tag=1), dist.irecv(buf, left, tag=1)]
+            if step < n - 1:
+                for req in kv_reqs:
+                    req.wait()
+                kv = nxt
+        buf, reqs = travelling  # after N hops: my own block's gradient, with every rank's part
+        for req in reqs:
+            req.wait()
+        return torch.cat(dq, dim=-2), buf[..., :D].contiguous(), buf[..., D:].contiguous()
+
+# %% 12.3 | the diagonal tiles mask the diagonal itself (triu(0)): a query does not see its own key | expect: diagonal
+def _tile(q, k, a, b, scale):
+    """Scores of query chunk a against key chunk b (B, H, c, c); None when every key is in the future."""
+    if b > a:  # chunk b comes after chunk a: causal attention skips the whole tile
+        return None
+    s = (q @ k.transpose(-2, -1)) * scale  # (B, H, c, c)
+    if a == b:  # the diagonal tile: query i sees keys 0..i of the chunk, never j > i
+        s = s.masked_fill(torch.ones_like(s, dtype=torch.bool).triu(0), float("-inf"))
+    return s
+
+
+class RingAttention(torch.autograd.Function):
+    """Causal attention of this rank's zigzag part (B, H, T/N, D), K/V passed around the ring, and its backward."""
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        rank, n = dist.get_rank(), dist.get_world_size()
+        right, left = (rank + 1) % n, (rank - 1) % n
+        D, scale = q.shape[-1], q.shape[-1] ** -0.5
+        qs = q.chunk(2, dim=-2)  # my chunks rank and 2N-1-rank, (B, H, c, D) each
+        state = [(x.new_full((*x.shape[:-1], 1), float("-inf")), x.new_zeros((*x.shape[:-1], 1)), torch.zeros_like(x))
+                 for x in qs]  # running (max, sum, unnormalised output) of each query chunk
+        kv = torch.cat([k, v], dim=-1).contiguous()  # (B, H, T/N, 2D): one message per hop
+        for step in range(n):
+            src = (rank - step) % n  # whose K/V block this rank holds now
+            if step < n - 1:  # post the next hop first: it travels while this block is computed
+                nxt = torch.empty_like(kv)
+                reqs = [dist.isend(kv, right, tag=0), dist.irecv(nxt, left, tag=0)]
+            ks, vs = kv[..., :D].chunk(2, dim=-2), kv[..., D:].chunk(2, dim=-2)
+            for i, a in enumerate((rank, 2 * n - 1 - rank)):
+                for j, b in enumerate((src, 2 * n - 1 - src)):
+                    s = _tile(qs[i], ks[j], a, b, scale)
+                    if s is not None:
+                        state[i] = online_softmax_update(*state[i], s, vs[j])
+            if step < n - 1:
+                for req in reqs:
+                    req.wait()
+                kv = nxt
+        out = torch.cat([o / l for _, l, o in state], dim=-2)  # (B, H, T/N, D)
+        lse = torch.cat([m + l.log() for m, l, _ in state], dim=-2)  # (B, H, T/N, 1): log-sum-exp of each row
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, out, lse = ctx.saved_tensors
+        rank, n = dist.get_rank(), dist.get_world_size()
+        right, left = (rank + 1) % n, (rank - 1) % n
+        D, scale = q.shape[-1], q.shape[-1] ** -0.5
+        delta = (do * out).sum(dim=-1, keepdim=True)  # (B, H, T/N, 1): rowsum(dO ∘ O)
+        qs, dos, lses, deltas = (t.chunk(2, dim=-2) for t in (q, do.contiguous(), lse, delta))
+        dq = [torch.zeros_like(x) for x in qs]
+        kv = torch.cat([k, v], dim=-1).contiguous()  # (B, H, T/N, 2D)
+        travelling = None  # the gradient of the block held now, as the ranks before me summed it
+        for step in range(n):
+            src = (rank - step) % n
+            if step < n - 1:  # K/V travel as in forward, posted before computing
+                nxt = torch.empty_like(kv)
+                kv_reqs = [dist.isend(kv, right, tag=0), dist.irecv(nxt, left, tag=0)]
+            ks, vs = kv[..., :D].chunk(2, dim=-2), kv[..., D:].chunk(2, dim=-2)
+            dk, dv = [torch.zeros_like(x) for x in ks], [torch.zeros_like(x) for x in vs]
+            for i, a in enumerate((rank, 2 * n - 1 - rank)):
+                for j, b in enumerate((src, 2 * n - 1 - src)):
+                    s = _tile(qs[i], ks[j], a, b, scale)
+                    if s is None:
+                        continue
+                    p = torch.exp(s - lses[i])  # (B, H, c, c): the exact softmax tile, from the saved lse
+                    ds = p * (dos[i] @ vs[j].transpose(-2, -1) - deltas[i]) * scale
+                    dq[i] += ds @ ks[j]
+                    dk[j] += ds.transpose(-2, -1) @ qs[i]
+                    dv[j] += p.transpose(-2, -1) @ dos[i]
+            dkv = torch.cat([torch.cat(dk, dim=-2), torch.cat(dv, dim=-2)], dim=-1)  # my part of block src's grad
+            if travelling is not None:  # what the ranks before me added, sent during the last step
+                buf, reqs = travelling
+                for req in reqs:
+                    req.wait()
+                dkv += buf
+            buf = torch.empty_like(dkv)  # pass it on to the right, where its block goes too
+            travelling = buf, [dist.isend(dkv, right, tag=1), dist.irecv(buf, left, tag=1)]
+            if step < n - 1:
+                for req in kv_reqs:
+                    req.wait()
+                kv = nxt
+        buf, reqs = travelling  # after N hops: my own block's gradient, with every rank's part
+        for req in reqs:
+            req.wait()
+        return torch.cat(dq, dim=-2), buf[..., :D].contiguous(), buf[..., D:].contiguous()
+
+# %% 12.3 | future tiles computed and masked instead of skipped: twice the work | expect: past tiles only
+def _tile(q, k, a, b, scale):
+    """Scores of query chunk a against key chunk b (B, H, c, c); None when every key is in the future."""
+    if b > a:  # a future tile: masked out entirely
+        return ((q @ k.transpose(-2, -1)) * scale).masked_fill(torch.ones(1, dtype=torch.bool), float("-inf"))
+    s = (q @ k.transpose(-2, -1)) * scale  # (B, H, c, c)
+    if a == b:  # the diagonal tile: query i sees keys 0..i of the chunk, never j > i
+        s = s.masked_fill(torch.ones_like(s, dtype=torch.bool).triu(1), float("-inf"))
+    return s
+
+
+class RingAttention(torch.autograd.Function):
+    """Causal attention of this rank's zigzag part (B, H, T/N, D), K/V passed around the ring, and its backward."""
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        rank, n = dist.get_rank(), dist.get_world_size()
+        right, left = (rank + 1) % n, (rank - 1) % n
+        D, scale = q.shape[-1], q.shape[-1] ** -0.5
+        qs = q.chunk(2, dim=-2)  # my chunks rank and 2N-1-rank, (B, H, c, D) each
+        state = [(x.new_full((*x.shape[:-1], 1), float("-inf")), x.new_zeros((*x.shape[:-1], 1)), torch.zeros_like(x))
+                 for x in qs]  # running (max, sum, unnormalised output) of each query chunk
+        kv = torch.cat([k, v], dim=-1).contiguous()  # (B, H, T/N, 2D): one message per hop
+        for step in range(n):
+            src = (rank - step) % n  # whose K/V block this rank holds now
+            if step < n - 1:  # post the next hop first: it travels while this block is computed
+                nxt = torch.empty_like(kv)
+                reqs = [dist.isend(kv, right, tag=0), dist.irecv(nxt, left, tag=0)]
+            ks, vs = kv[..., :D].chunk(2, dim=-2), kv[..., D:].chunk(2, dim=-2)
+            for i, a in enumerate((rank, 2 * n - 1 - rank)):
+                for j, b in enumerate((src, 2 * n - 1 - src)):
+                    s = _tile(qs[i], ks[j], a, b, scale)
+                    if s is not None:
+                        state[i] = online_softmax_update(*state[i], s, vs[j])
+            if step < n - 1:
+                for req in reqs:
+                    req.wait()
+                kv = nxt
+        out = torch.cat([o / l for _, l, o in state], dim=-2)  # (B, H, T/N, D)
+        lse = torch.cat([m + l.log() for m, l, _ in state], dim=-2)  # (B, H, T/N, 1): log-sum-exp of each row
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, out, lse = ctx.saved_tensors
+        rank, n = dist.get_rank(), dist.get_world_size()
+        right, left = (rank + 1) % n, (rank - 1) % n
+        D, scale = q.shape[-1], q.shape[-1] ** -0.5
+        delta = (do * out).sum(dim=-1, keepdim=True)  # (B, H, T/N, 1): rowsum(dO ∘ O)
+        qs, dos, lses, deltas = (t.chunk(2, dim=-2) for t in (q, do.contiguous(), lse, delta))
+        dq = [torch.zeros_like(x) for x in qs]
+        kv = torch.cat([k, v], dim=-1).contiguous()  # (B, H, T/N, 2D)
+        travelling = None  # the gradient of the block held now, as the ranks before me summed it
+        for step in range(n):
+            src = (rank - step) % n
+            if step < n - 1:  # K/V travel as in forward, posted before computing
+                nxt = torch.empty_like(kv)
+                kv_reqs = [dist.isend(kv, right, tag=0), dist.irecv(nxt, left, tag=0)]
+            ks, vs = kv[..., :D].chunk(2, dim=-2), kv[..., D:].chunk(2, dim=-2)
+            dk, dv = [torch.zeros_like(x) for x in ks], [torch.zeros_like(x) for x in vs]
+            for i, a in enumerate((rank, 2 * n - 1 - rank)):
+                for j, b in enumerate((src, 2 * n - 1 - src)):
+                    s = _tile(qs[i], ks[j], a, b, scale)
+                    if s is None:
+                        continue
+                    p = torch.exp(s - lses[i])  # (B, H, c, c): the exact softmax tile, from the saved lse
+                    ds = p * (dos[i] @ vs[j].transpose(-2, -1) - deltas[i]) * scale
+                    dq[i] += ds @ ks[j]
+                    dk[j] += ds.transpose(-2, -1) @ qs[i]
+                    dv[j] += p.transpose(-2, -1) @ dos[i]
+            dkv = torch.cat([torch.cat(dk, dim=-2), torch.cat(dv, dim=-2)], dim=-1)  # my part of block src's grad
+            if travelling is not None:  # what the ranks before me added, sent during the last step
+                buf, reqs = travelling
+                for req in reqs:
+                    req.wait()
+                dkv += buf
+            buf = torch.empty_like(dkv)  # pass it on to the right, where its block goes too
+            travelling = buf, [dist.isend(dkv, right, tag=1), dist.irecv(buf, left, tag=1)]
+            if step < n - 1:
+                for req in kv_reqs:
+                    req.wait()
+                kv = nxt
+        buf, reqs = travelling  # after N hops: my own block's gradient, with every rank's part
+        for req in reqs:
+            req.wait()
+        return torch.cat(dq, dim=-2), buf[..., :D].contiguous(), buf[..., D:].contiguous()
+
+# %% 12.3 | backward: each rank keeps the dK, dV its own queries give its own block, never collecting the others' parts | expect: every rank's
+def _tile(q, k, a, b, scale):
+    """Scores of query chunk a against key chunk b (B, H, c, c); None when every key is in the future."""
+    if b > a:  # chunk b comes after chunk a: causal attention skips the whole tile
+        return None
+    s = (q @ k.transpose(-2, -1)) * scale  # (B, H, c, c)
+    if a == b:  # the diagonal tile: query i sees keys 0..i of the chunk, never j > i
+        s = s.masked_fill(torch.ones_like(s, dtype=torch.bool).triu(1), float("-inf"))
+    return s
+
+
+class RingAttention(torch.autograd.Function):
+    """Causal attention of this rank's zigzag part (B, H, T/N, D), K/V passed around the ring, and its backward."""
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        rank, n = dist.get_rank(), dist.get_world_size()
+        right, left = (rank + 1) % n, (rank - 1) % n
+        D, scale = q.shape[-1], q.shape[-1] ** -0.5
+        qs = q.chunk(2, dim=-2)  # my chunks rank and 2N-1-rank, (B, H, c, D) each
+        state = [(x.new_full((*x.shape[:-1], 1), float("-inf")), x.new_zeros((*x.shape[:-1], 1)), torch.zeros_like(x))
+                 for x in qs]  # running (max, sum, unnormalised output) of each query chunk
+        kv = torch.cat([k, v], dim=-1).contiguous()  # (B, H, T/N, 2D): one message per hop
+        for step in range(n):
+            src = (rank - step) % n  # whose K/V block this rank holds now
+            if step < n - 1:  # post the next hop first: it travels while this block is computed
+                nxt = torch.empty_like(kv)
+                reqs = [dist.isend(kv, right, tag=0), dist.irecv(nxt, left, tag=0)]
+            ks, vs = kv[..., :D].chunk(2, dim=-2), kv[..., D:].chunk(2, dim=-2)
+            for i, a in enumerate((rank, 2 * n - 1 - rank)):
+                for j, b in enumerate((src, 2 * n - 1 - src)):
+                    s = _tile(qs[i], ks[j], a, b, scale)
+                    if s is not None:
+                        state[i] = online_softmax_update(*state[i], s, vs[j])
+            if step < n - 1:
+                for req in reqs:
+                    req.wait()
+                kv = nxt
+        out = torch.cat([o / l for _, l, o in state], dim=-2)  # (B, H, T/N, D)
+        lse = torch.cat([m + l.log() for m, l, _ in state], dim=-2)  # (B, H, T/N, 1): log-sum-exp of each row
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, out, lse = ctx.saved_tensors
+        rank, n = dist.get_rank(), dist.get_world_size()
+        right, left = (rank + 1) % n, (rank - 1) % n
+        D, scale = q.shape[-1], q.shape[-1] ** -0.5
+        delta = (do * out).sum(dim=-1, keepdim=True)  # (B, H, T/N, 1): rowsum(dO ∘ O)
+        qs, dos, lses, deltas = (t.chunk(2, dim=-2) for t in (q, do.contiguous(), lse, delta))
+        dq = [torch.zeros_like(x) for x in qs]
+        kv = torch.cat([k, v], dim=-1).contiguous()  # (B, H, T/N, 2D)
+        travelling = None  # the gradient of the block held now, as the ranks before me summed it
+        for step in range(n):
+            src = (rank - step) % n
+            if step < n - 1:  # K/V travel as in forward, posted before computing
+                nxt = torch.empty_like(kv)
+                kv_reqs = [dist.isend(kv, right, tag=0), dist.irecv(nxt, left, tag=0)]
+            ks, vs = kv[..., :D].chunk(2, dim=-2), kv[..., D:].chunk(2, dim=-2)
+            dk, dv = [torch.zeros_like(x) for x in ks], [torch.zeros_like(x) for x in vs]
+            for i, a in enumerate((rank, 2 * n - 1 - rank)):
+                for j, b in enumerate((src, 2 * n - 1 - src)):
+                    s = _tile(qs[i], ks[j], a, b, scale)
+                    if s is None:
+                        continue
+                    p = torch.exp(s - lses[i])  # (B, H, c, c): the exact softmax tile, from the saved lse
+                    ds = p * (dos[i] @ vs[j].transpose(-2, -1) - deltas[i]) * scale
+                    dq[i] += ds @ ks[j]
+                    dk[j] += ds.transpose(-2, -1) @ qs[i]
+                    dv[j] += p.transpose(-2, -1) @ dos[i]
+            dkv = torch.cat([torch.cat(dk, dim=-2), torch.cat(dv, dim=-2)], dim=-1)  # my part of block src's grad
+            if False:  # what the ranks before me added, sent during the last step
+                buf, reqs = travelling
+                for req in reqs:
+                    req.wait()
+                pass
+            if step == 0:  # my own block's gradient, from my own queries only
+                travelling = dkv, []
+            if step < n - 1:
+                for req in kv_reqs:
+                    req.wait()
+                kv = nxt
+        buf, reqs = travelling  # after N hops: my own block's gradient, with every rank's part
+        for req in reqs:
+            req.wait()
+        return torch.cat(dq, dim=-2), buf[..., :D].contiguous(), buf[..., D:].contiguous()
+
+# %% 12.4 | an all-to-all whose output carries no gradient (the exchange called outside autograd) | expect: through the all-to-all
+class AllToAll(torch.autograd.Function):
+    """Rows send[j] of x go to rank j; returns the rows received, recv[j] from rank j. Backward: the reverse."""
+
+    @staticmethod
+    def forward(ctx, x, send, recv):
+        out = x.new_empty((sum(recv), *x.shape[1:]))  # (Σ recv, h)
+        dist.all_to_all_single(out, x.contiguous(), output_split_sizes=recv, input_split_sizes=send)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        send, recv = ctx.splits
+        out = grad.new_empty((sum(send), *grad.shape[1:]))  # each row's gradient goes back where the row came from
+        dist.all_to_all_single(out, grad.contiguous(), output_split_sizes=send, input_split_sizes=recv)
+        return out, None, None
+
+
+def moe_layer(x: torch.Tensor, router: torch.nn.Linear, local_experts, capacity_factor: float) -> torch.Tensor:
     n, per = dist.get_world_size(), len(local_experts)
-    order = torch.argsort(expert, stable=True)
-    counts = torch.bincount(expert, minlength=n * per)
+    E, T = n * per, x.shape[0]
+    gate, expert = router(x).softmax(dim=-1).max(dim=-1)  # (T,), (T,): top-1 (Switch)
+    cap = math.ceil(capacity_factor * T / E)  # this rank's tokens are one capacity group, over all E experts
+    onehot = F.one_hot(expert, E)  # (T, E)
+    keep = (onehot.cumsum(dim=0) * onehot).sum(dim=-1) <= cap  # (T,): earlier tokens first in each queue
+    tok = torch.nonzero(keep).squeeze(1)
+    tok = tok[torch.argsort(expert[tok], stable=True)]  # kept tokens, by expert = by destination rank
+    counts = torch.bincount(expert[tok], minlength=E)  # (E,) kept tokens for each expert
     recv_counts = torch.empty_like(counts)
-    dist.all_to_all_single(recv_counts, counts)
-    send, recv = counts.view(n, per).sum(1).tolist(), recv_counts.view(n, per).sum(1).tolist()
-    arrived = x.new_empty((sum(recv), x.shape[1]))
-    dist.all_to_all_single(arrived, x[order].contiguous(), output_split_sizes=recv, input_split_sizes=send)
-    which = torch.arange(per, device=x.device).repeat(n).repeat_interleave(recv_counts)
-    out = torch.empty_like(arrived)
-    for i, fn in enumerate(local_experts):
-        out[which == i] = fn(arrived[which == i])
-    back = x.new_empty((len(order), x.shape[1]))
-    dist.all_to_all_single(back, out, output_split_sizes=send, input_split_sizes=recv)
-    y = torch.empty_like(x)
-    y[order] = back
-    return y
-
-# %% 12.4 | sends to rank = expert id instead of the rank that owns the expert | expect: owns its expert
-def moe_forward(x, expert, gate, local_experts):
-    n = dist.get_world_size()
-    order = torch.argsort(expert, stable=True)
-    send_t = torch.bincount(expert, minlength=n)
-    recv_t = torch.empty_like(send_t)
-    dist.all_to_all_single(recv_t, send_t)
-    send, recv = send_t.tolist(), recv_t.tolist()
-    arrived = x.new_empty((sum(recv), x.shape[1]))
-    dist.all_to_all_single(arrived, x[order].contiguous(), output_split_sizes=recv, input_split_sizes=send)
-    out = local_experts[0](arrived)
-    back = x.new_empty((len(order), x.shape[1]))
-    dist.all_to_all_single(back, out, output_split_sizes=send, input_split_sizes=recv)
-    y = torch.empty_like(x)
-    y[order] = back
-    return y * gate[:, None]
-
-# %% 12.4 | leaves the combined outputs in sorted (by expert) order | expect: undo the sort
-def moe_forward(x, expert, gate, local_experts):
-    n, per = dist.get_world_size(), len(local_experts)
-    order = torch.argsort(expert, stable=True)
-    counts = torch.bincount(expert, minlength=n * per)
-    recv_counts = torch.empty_like(counts)
-    dist.all_to_all_single(recv_counts, counts)
-    send, recv = counts.view(n, per).sum(1).tolist(), recv_counts.view(n, per).sum(1).tolist()
-    arrived = x.new_empty((sum(recv), x.shape[1]))
-    dist.all_to_all_single(arrived, x[order].contiguous(), output_split_sizes=recv, input_split_sizes=send)
-    which = torch.arange(per, device=x.device).repeat(n).repeat_interleave(recv_counts)
-    out = torch.empty_like(arrived)
-    for i, fn in enumerate(local_experts):
-        out[which == i] = fn(arrived[which == i])
-    back = x.new_empty((len(order), x.shape[1]))
-    dist.all_to_all_single(back, out, output_split_sizes=send, input_split_sizes=recv)
-    return back * gate[:, None]
-
-# %% 12.4 | receives the counts into torch.empty: a CPU buffer, which NCCL rejects on GPUs | expect: No backend type associated with device type cpu
-def moe_forward(x: torch.Tensor, expert: torch.Tensor, gate: torch.Tensor, local_experts) -> torch.Tensor:
-    n, per = dist.get_world_size(), len(local_experts)
-    order = torch.argsort(expert, stable=True)  # tokens grouped by expert = by the rank that owns it
-    counts = torch.bincount(expert, minlength=n * per)  # (E,) tokens this rank sends to each expert
-    recv_counts = torch.empty(n * per, dtype=torch.long)
     dist.all_to_all_single(recv_counts, counts)  # from each rank: how many tokens for each of my experts
     send, recv = counts.view(n, per).sum(1).tolist(), recv_counts.view(n, per).sum(1).tolist()
-    arrived = x.new_empty((sum(recv), x.shape[1]))  # (rows received, h), by source rank then expert
-    dist.all_to_all_single(arrived, x[order].contiguous(), output_split_sizes=recv, input_split_sizes=send)
-    which = torch.arange(per, device=x.device).repeat(n).repeat_interleave(recv_counts)  # the local expert of each row
-    out = torch.empty_like(arrived)
+    arrived = AllToAll.forward(None, x[tok], send, recv)  # (Σ recv, h): by source rank, then expert
+    which = torch.arange(per, device=x.device).repeat(n).repeat_interleave(recv_counts)  # local expert of each row
+    out = arrived * 0  # in the graph even when no token arrived: every rank must run the backward exchange
     for i, fn in enumerate(local_experts):
-        out[which == i] = fn(arrived[which == i])
-    back = x.new_empty((len(order), x.shape[1]))
-    dist.all_to_all_single(back, out, output_split_sizes=send, input_split_sizes=recv)  # the reverse exchange
-    y = torch.empty_like(x)
-    y[order] = back  # undo the sort: each output at its token's place
-    return y * gate[:, None]
+        rows = torch.nonzero(which == i).squeeze(1)
+        if len(rows):
+            out = out.index_copy(0, rows, fn(arrived[rows]))
+    back = AllToAll.forward(None, out, recv, send)  # (kept, h): the outputs, in the order the tokens were sent
+    return x.index_add(0, tok, gate[tok, None] * back)  # (T, h); a dropped token is x alone: the residual
 
-# %% 12.3 | blocking send/recv ordered by rank parity, computes before exchanging (no overlap) | expect: before computing
-def ring_attention_forward(q, k, v):
-    rank, n = dist.get_rank(), dist.get_world_size()
-    D, scale = q.shape[-1], 1.0 / math.sqrt(q.shape[-1])
-    m = q.new_full((*q.shape[:-1], 1), float("-inf"))
-    l = q.new_zeros((*q.shape[:-1], 1))
-    o = torch.zeros_like(q)
-    kv = torch.cat([k, v], dim=-1).contiguous()
-    for step in range(n):
-        s = (q @ kv[..., :D].transpose(-2, -1)) * scale
-        m, l, o = online_softmax_update(m, l, o, s, kv[..., D:])
-        if step < n - 1:
-            nxt = torch.empty_like(kv)
-            if rank % 2 == 0:  # even ranks send first, odd ranks receive first: no deadlock
-                dist.send(kv, (rank + 1) % n)
-                dist.recv(nxt, (rank - 1) % n)
-            else:
-                dist.recv(nxt, (rank - 1) % n)
-                dist.send(kv, (rank + 1) % n)
-            kv = nxt
-    return o / l
+# %% 12.4 | dropped tokens get 0, not the residual | expect: residual
+class AllToAll(torch.autograd.Function):
+    """Rows send[j] of x go to rank j; returns the rows received, recv[j] from rank j. Backward: the reverse."""
 
-# %% 12.3 | isend/irecv posted only after computing on the block (no overlap) | expect: before computing
-def ring_attention_forward(q, k, v):
-    rank, n = dist.get_rank(), dist.get_world_size()
-    D, scale = q.shape[-1], 1.0 / math.sqrt(q.shape[-1])
-    m = q.new_full((*q.shape[:-1], 1), float("-inf"))
-    l = q.new_zeros((*q.shape[:-1], 1))
-    o = torch.zeros_like(q)
-    kv = torch.cat([k, v], dim=-1).contiguous()
-    for step in range(n):
-        s = (q @ kv[..., :D].transpose(-2, -1)) * scale  # compute first ...
-        m, l, o = online_softmax_update(m, l, o, s, kv[..., D:])
-        if step < n - 1:  # ... then exchange: the link idles while the cores work
-            nxt = torch.empty_like(kv)
-            reqs = [dist.isend(kv, (rank + 1) % n), dist.irecv(nxt, (rank - 1) % n)]
-            for req in reqs:
-                req.wait()
-            kv = nxt
-    return o / l
+    @staticmethod
+    def forward(ctx, x, send, recv):
+        ctx.splits = send, recv
+        out = x.new_empty((sum(recv), *x.shape[1:]))  # (Σ recv, h)
+        dist.all_to_all_single(out, x.contiguous(), output_split_sizes=recv, input_split_sizes=send)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        send, recv = ctx.splits
+        out = grad.new_empty((sum(send), *grad.shape[1:]))  # each row's gradient goes back where the row came from
+        dist.all_to_all_single(out, grad.contiguous(), output_split_sizes=send, input_split_sizes=recv)
+        return out, None, None
+
+
+def moe_layer(x: torch.Tensor, router: torch.nn.Linear, local_experts, capacity_factor: float) -> torch.Tensor:
+    n, per = dist.get_world_size(), len(local_experts)
+    E, T = n * per, x.shape[0]
+    gate, expert = router(x).softmax(dim=-1).max(dim=-1)  # (T,), (T,): top-1 (Switch)
+    cap = math.ceil(capacity_factor * T / E)  # this rank's tokens are one capacity group, over all E experts
+    onehot = F.one_hot(expert, E)  # (T, E)
+    keep = (onehot.cumsum(dim=0) * onehot).sum(dim=-1) <= cap  # (T,): earlier tokens first in each queue
+    tok = torch.nonzero(keep).squeeze(1)
+    tok = tok[torch.argsort(expert[tok], stable=True)]  # kept tokens, by expert = by destination rank
+    counts = torch.bincount(expert[tok], minlength=E)  # (E,) kept tokens for each expert
+    recv_counts = torch.empty_like(counts)
+    dist.all_to_all_single(recv_counts, counts)  # from each rank: how many tokens for each of my experts
+    send, recv = counts.view(n, per).sum(1).tolist(), recv_counts.view(n, per).sum(1).tolist()
+    arrived = AllToAll.apply(x[tok], send, recv)  # (Σ recv, h): by source rank, then expert
+    which = torch.arange(per, device=x.device).repeat(n).repeat_interleave(recv_counts)  # local expert of each row
+    out = arrived * 0  # in the graph even when no token arrived: every rank must run the backward exchange
+    for i, fn in enumerate(local_experts):
+        rows = torch.nonzero(which == i).squeeze(1)
+        if len(rows):
+            out = out.index_copy(0, rows, fn(arrived[rows]))
+    back = AllToAll.apply(out, recv, send)  # (kept, h): the outputs, in the order the tokens were sent
+    return torch.zeros_like(x).index_add(0, tok, x[tok] + gate[tok, None] * back)  # (T, h); a dropped token is x alone: the residual
+
+# %% 12.4 | capacity counted over every rank's tokens (N·T), not this rank's | expect: capacity
+class AllToAll(torch.autograd.Function):
+    """Rows send[j] of x go to rank j; returns the rows received, recv[j] from rank j. Backward: the reverse."""
+
+    @staticmethod
+    def forward(ctx, x, send, recv):
+        ctx.splits = send, recv
+        out = x.new_empty((sum(recv), *x.shape[1:]))  # (Σ recv, h)
+        dist.all_to_all_single(out, x.contiguous(), output_split_sizes=recv, input_split_sizes=send)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        send, recv = ctx.splits
+        out = grad.new_empty((sum(send), *grad.shape[1:]))  # each row's gradient goes back where the row came from
+        dist.all_to_all_single(out, grad.contiguous(), output_split_sizes=send, input_split_sizes=recv)
+        return out, None, None
+
+
+def moe_layer(x: torch.Tensor, router: torch.nn.Linear, local_experts, capacity_factor: float) -> torch.Tensor:
+    n, per = dist.get_world_size(), len(local_experts)
+    E, T = n * per, x.shape[0]
+    gate, expert = router(x).softmax(dim=-1).max(dim=-1)  # (T,), (T,): top-1 (Switch)
+    cap = math.ceil(capacity_factor * n * T / E)  # this rank's tokens are one capacity group, over all E experts
+    onehot = F.one_hot(expert, E)  # (T, E)
+    keep = (onehot.cumsum(dim=0) * onehot).sum(dim=-1) <= cap  # (T,): earlier tokens first in each queue
+    tok = torch.nonzero(keep).squeeze(1)
+    tok = tok[torch.argsort(expert[tok], stable=True)]  # kept tokens, by expert = by destination rank
+    counts = torch.bincount(expert[tok], minlength=E)  # (E,) kept tokens for each expert
+    recv_counts = torch.empty_like(counts)
+    dist.all_to_all_single(recv_counts, counts)  # from each rank: how many tokens for each of my experts
+    send, recv = counts.view(n, per).sum(1).tolist(), recv_counts.view(n, per).sum(1).tolist()
+    arrived = AllToAll.apply(x[tok], send, recv)  # (Σ recv, h): by source rank, then expert
+    which = torch.arange(per, device=x.device).repeat(n).repeat_interleave(recv_counts)  # local expert of each row
+    out = arrived * 0  # in the graph even when no token arrived: every rank must run the backward exchange
+    for i, fn in enumerate(local_experts):
+        rows = torch.nonzero(which == i).squeeze(1)
+        if len(rows):
+            out = out.index_copy(0, rows, fn(arrived[rows]))
+    back = AllToAll.apply(out, recv, send)  # (kept, h): the outputs, in the order the tokens were sent
+    return x.index_add(0, tok, gate[tok, None] * back)  # (T, h); a dropped token is x alone: the residual
+
+# %% 12.4 | the gate detached: the router gets no gradient | expect: router
+class AllToAll(torch.autograd.Function):
+    """Rows send[j] of x go to rank j; returns the rows received, recv[j] from rank j. Backward: the reverse."""
+
+    @staticmethod
+    def forward(ctx, x, send, recv):
+        ctx.splits = send, recv
+        out = x.new_empty((sum(recv), *x.shape[1:]))  # (Σ recv, h)
+        dist.all_to_all_single(out, x.contiguous(), output_split_sizes=recv, input_split_sizes=send)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        send, recv = ctx.splits
+        out = grad.new_empty((sum(send), *grad.shape[1:]))  # each row's gradient goes back where the row came from
+        dist.all_to_all_single(out, grad.contiguous(), output_split_sizes=send, input_split_sizes=recv)
+        return out, None, None
+
+
+def moe_layer(x: torch.Tensor, router: torch.nn.Linear, local_experts, capacity_factor: float) -> torch.Tensor:
+    n, per = dist.get_world_size(), len(local_experts)
+    E, T = n * per, x.shape[0]
+    gate, expert = router(x).softmax(dim=-1).detach().max(dim=-1)  # (T,), (T,): top-1 (Switch)
+    cap = math.ceil(capacity_factor * T / E)  # this rank's tokens are one capacity group, over all E experts
+    onehot = F.one_hot(expert, E)  # (T, E)
+    keep = (onehot.cumsum(dim=0) * onehot).sum(dim=-1) <= cap  # (T,): earlier tokens first in each queue
+    tok = torch.nonzero(keep).squeeze(1)
+    tok = tok[torch.argsort(expert[tok], stable=True)]  # kept tokens, by expert = by destination rank
+    counts = torch.bincount(expert[tok], minlength=E)  # (E,) kept tokens for each expert
+    recv_counts = torch.empty_like(counts)
+    dist.all_to_all_single(recv_counts, counts)  # from each rank: how many tokens for each of my experts
+    send, recv = counts.view(n, per).sum(1).tolist(), recv_counts.view(n, per).sum(1).tolist()
+    arrived = AllToAll.apply(x[tok], send, recv)  # (Σ recv, h): by source rank, then expert
+    which = torch.arange(per, device=x.device).repeat(n).repeat_interleave(recv_counts)  # local expert of each row
+    out = arrived * 0  # in the graph even when no token arrived: every rank must run the backward exchange
+    for i, fn in enumerate(local_experts):
+        rows = torch.nonzero(which == i).squeeze(1)
+        if len(rows):
+            out = out.index_copy(0, rows, fn(arrived[rows]))
+    back = AllToAll.apply(out, recv, send)  # (kept, h): the outputs, in the order the tokens were sent
+    return x.index_add(0, tok, gate[tok, None] * back)  # (T, h); a dropped token is x alone: the residual
+
+# %% 12.5 | shard groups across nodes (strided), replicas inside a node | expect: consecutive
+def hsdp_groups(replicate: int, shard: int):
+    """This rank's (shard group, replicate group) on a (replicate, shard) mesh of replicate·shard ranks."""
+    rank = dist.get_rank()
+    # every rank creates every group, in the same order (new_group is collective over the whole world)
+    shards = [dist.new_group(list(range(i * shard, (i + 1) * shard))) for i in range(replicate)]  # one node each
+    replicas = [dist.new_group(list(range(j, replicate * shard, shard))) for j in range(shard)]  # across nodes
+    return replicas[rank % shard], shards[rank // shard]
+
+
+def hsdp_gather(part: torch.Tensor, shard_group) -> torch.Tensor:
+    """This rank's parameter shard (P/g,) -> the whole flat parameters (P,), before forward (and backward)."""
+    g = dist.get_world_size(shard_group)
+    out = part.new_empty(g * part.numel())  # (P,)
+    backend_all_gather(out, part, group=shard_group)  # inside the node only
+    return out
+
+
+def hsdp_reduce(grad: torch.Tensor, shard_group, replicate_group) -> torch.Tensor:
+    """This rank's whole local gradient (P,) -> its shard (P/g,) of the gradient averaged over every rank."""
+    g = dist.get_world_size(shard_group)
+    part = grad.new_empty(grad.numel() // g)  # (P/g,)
+    backend_reduce_scatter(part, grad.contiguous(), group=shard_group)  # sum over the node, keep my shard
+    dist.all_reduce(part, group=replicate_group)  # only the shard crosses the slow links
+    return part / dist.get_world_size()
+
+# %% 12.5 | all-reduces the whole gradient across replicas, then reduce-scatters: right numbers, g times the bytes across nodes | expect: only the gradient SHARD
+def hsdp_groups(replicate: int, shard: int):
+    """This rank's (shard group, replicate group) on a (replicate, shard) mesh of replicate·shard ranks."""
+    rank = dist.get_rank()
+    # every rank creates every group, in the same order (new_group is collective over the whole world)
+    shards = [dist.new_group(list(range(i * shard, (i + 1) * shard))) for i in range(replicate)]  # one node each
+    replicas = [dist.new_group(list(range(j, replicate * shard, shard))) for j in range(shard)]  # across nodes
+    return shards[rank // shard], replicas[rank % shard]
+
+
+def hsdp_gather(part: torch.Tensor, shard_group) -> torch.Tensor:
+    """This rank's parameter shard (P/g,) -> the whole flat parameters (P,), before forward (and backward)."""
+    g = dist.get_world_size(shard_group)
+    out = part.new_empty(g * part.numel())  # (P,)
+    backend_all_gather(out, part, group=shard_group)  # inside the node only
+    return out
+
+
+def hsdp_reduce(grad: torch.Tensor, shard_group, replicate_group) -> torch.Tensor:
+    """This rank's whole local gradient (P,) -> its shard (P/g,) of the gradient averaged over every rank."""
+    g = dist.get_world_size(shard_group)
+    part = grad.new_empty(grad.numel() // g)  # (P/g,)
+    grad = grad.clone()
+    dist.all_reduce(grad, group=replicate_group)  # the whole gradient across nodes
+    backend_reduce_scatter(part, grad, group=shard_group)
+    return part / dist.get_world_size()
+
+# %% 12.5 | averages over the replicas only (divides by the replicate size) | expect: every rank's batch
+def hsdp_groups(replicate: int, shard: int):
+    """This rank's (shard group, replicate group) on a (replicate, shard) mesh of replicate·shard ranks."""
+    rank = dist.get_rank()
+    # every rank creates every group, in the same order (new_group is collective over the whole world)
+    shards = [dist.new_group(list(range(i * shard, (i + 1) * shard))) for i in range(replicate)]  # one node each
+    replicas = [dist.new_group(list(range(j, replicate * shard, shard))) for j in range(shard)]  # across nodes
+    return shards[rank // shard], replicas[rank % shard]
+
+
+def hsdp_gather(part: torch.Tensor, shard_group) -> torch.Tensor:
+    """This rank's parameter shard (P/g,) -> the whole flat parameters (P,), before forward (and backward)."""
+    g = dist.get_world_size(shard_group)
+    out = part.new_empty(g * part.numel())  # (P,)
+    backend_all_gather(out, part, group=shard_group)  # inside the node only
+    return out
+
+
+def hsdp_reduce(grad: torch.Tensor, shard_group, replicate_group) -> torch.Tensor:
+    """This rank's whole local gradient (P,) -> its shard (P/g,) of the gradient averaged over every rank."""
+    g = dist.get_world_size(shard_group)
+    part = grad.new_empty(grad.numel() // g)  # (P/g,)
+    backend_reduce_scatter(part, grad.contiguous(), group=shard_group)  # sum over the node, keep my shard
+    dist.all_reduce(part, group=replicate_group)  # only the shard crosses the slow links
+    return part / dist.get_world_size(replicate_group)
