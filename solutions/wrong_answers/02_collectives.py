@@ -297,20 +297,6 @@ def my_ring_reduce_scatter(x: torch.Tensor) -> torch.Tensor:
         chunks[recv_idx].add_(buf)
     return chunks[rank]
 
-# %% 2.1 | the world size written in as the lesson's 4 ranks (crashes on the hidden 3 ranks) | expect: of 3 failed
-def my_ring_reduce_scatter(x: torch.Tensor) -> torch.Tensor:
-    rank, n = dist.get_rank(), 4
-    chunks = list(x.clone().chunk(n))
-    right, left = (rank + 1) % n, (rank - 1) % n
-    buf = torch.empty_like(chunks[0])
-    for step in range(n - 1):
-        send_idx, recv_idx = (rank - step - 1) % n, (rank - step - 2) % n
-        req = dist.isend(chunks[send_idx], right)
-        dist.recv(buf, left)
-        req.wait()
-        chunks[recv_idx].add_(buf)
-    return chunks[rank]
-
 # %% 2.2 | a serialized ring: each rank forwards a step's chunk only after its own arrived (bucket brigade) | expect: steps run one after another
 def my_ring_all_gather(chunk: torch.Tensor) -> torch.Tensor:
     rank, n = dist.get_rank(), dist.get_world_size()
