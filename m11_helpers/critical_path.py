@@ -50,8 +50,10 @@ def record_p2p() -> Iterator[list[tuple[str, int]]]:
                 pending.append((arg, _peer(frame, "src")))
         elif event == "c_return" and depth[0] == 0 and pending and getattr(arg, "__name__", "") == "wait":
             # a profile hook sees the unbound pybind method, not its Work: a wait() that returns is where
-            # the rank has learnt of every irecv complete by then (its own, or one that came meanwhile)
-            for work, src in [w for w in pending if w[0].is_completed()]:
+            # the rank has learnt of every irecv complete by then (its own, or one that came meanwhile);
+            # under NCCL wait() only orders the GPU stream, so there it stands for the oldest irecv pending
+            done = [w for w in pending if w[0].is_completed()] or ([pending[0]] if dist.get_backend() != "gloo" else [])
+            for work, src in done:
                 pending.remove((work, src))
                 trace.append(("recv", src))
 
@@ -66,6 +68,7 @@ def record_p2p() -> Iterator[list[tuple[str, int]]]:
         yield trace
     finally:
         sys.setprofile(previous)
+        trace.extend(("recv", src) for _, src in pending)  # never seen complete: they did arrive, by the end
 
 
 def _peer(frame, arg: str) -> int:
