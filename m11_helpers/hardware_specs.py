@@ -6,8 +6,11 @@ the sparse figure (NVIDIA marks these "with sparsity"), the row stores half of i
 `note`. "fp32" is the plain (non-tensor-core) FP32 rate; "tf32" is FP32 inputs rounded to TF32 on the
 tensor cores. Interconnect bandwidths are per chip, both directions added (NVIDIA's convention for NVLink).
 Every row carries `as_of`, the date of its source (or the month it was read), and `cite` prints both:
-spec tables change with each generation, so a lesson shows the date with the figure. A figure we could
-not source is left out (MI355X's dense peaks), never filled in.
+spec tables change with each generation, so a lesson shows the date with the figure. The 2026 rows
+(`ROWS_2026`) carry a source and a date **per figure** (`figures`, `figure_cite`): their numbers come
+from launch pages and blogs that were revised after launch. A figure we could not source is left out
+(Ironwood's bf16 peak, GB300's fp32 and int8), never filled in. Rack-scale parts (GB200/GB300 NVL72)
+are stored per GPU, the rack's figure ÷ 72; `scale_up` is the chips of one NVLink/ICI domain.
 
 Units. Rates are decimal: TB/s = 1e12 bytes/s, TFLOP/s = 1e12 FLOP/s, as the datasheets mean them.
 **HBM capacity is binary**: HBM stacks are built from power-of-two DRAM dies, so the "80 GB" of an
@@ -24,7 +27,7 @@ import dataclasses
 
 from m11_helpers.validate import non_negative_real, one_of, positive_int, positive_real
 
-__all__ = ["Chip", "CHIPS", "LINKS", "Link", "NVLINK_H100", "IB_400G", "DTYPE_BYTES", "GiB", "chip"]
+__all__ = ["Chip", "CHIPS", "LINKS", "Link", "NVLINK_H100", "IB_400G", "DTYPE_BYTES", "GiB", "chip", "ROWS_2026"]
 
 GiB = 2**30  # bytes in one GiB: the unit HBM capacity comes in
 
@@ -46,6 +49,8 @@ class Chip:
     source: str  # where the figures come from: document title and URL
     note: str = ""
     as_of: str = ""  # when the source said so (its date, or the month it was read): spec sheets change
+    figures: dict = dataclasses.field(default_factory=dict)  # figure -> (source, as_of): a dtype, "memory", …
+    scale_up: int | None = None  # chips in one scale-up domain (NVLink / ICI), where the source gives it
 
     def __post_init__(self) -> None:
         unknown = set(self.peak_tflops) - set(DTYPE_BYTES)
@@ -55,6 +60,15 @@ class Chip:
         positive_real(f"{self.name}: bandwidth_tbs", self.bandwidth_tbs)
         if not self.as_of:
             raise ValueError(f"{self.name}: as_of must name the date of its source (figures age)")
+        for key, cited in self.figures.items():
+            one_of(f"{self.name}: figures key", key, (*self.peak_tflops, *FIGURES))
+            if not (isinstance(cited, tuple) and len(cited) == 2 and all(cited)):
+                raise ValueError(f"{self.name}: figures[{key!r}] must be (source, as_of), got {cited!r}")
+
+    def figure_cite(self, key: str) -> str:
+        """'<source> (as of <date>)' for one figure (a dtype, "memory", "bandwidth", "interconnect", "scale_up")."""
+        source, as_of = self.figures.get(key, (self.source, self.as_of))
+        return f"{source} (as of {as_of})"
 
     def peak_flops(self, dtype: str = "bf16") -> float:
         """Dense peak in FLOP/s for `dtype`; ValueError if the sheet gives no figure for it."""
@@ -89,6 +103,32 @@ class Chip:
 
 
 _NV_SPARSE = "datasheet prints tensor-core rates with sparsity; dense = half"
+FIGURES = ("memory", "bandwidth", "interconnect", "scale_up")  # the figures of a row besides its peaks
+
+
+def _cited(source: str, as_of: str, *keys: str) -> dict:
+    """{key: (source, as_of)} for figures that one document gives."""
+    return dict.fromkeys(keys, (source, as_of))
+
+
+_GB200 = ("NVIDIA GB200 NVL72 page, specifications table (72 GPUs: FP8 720 PFLOPS, FP16/BF16 360 PFLOPS, TF32 "
+          "180 PFLOPS with sparsity; FP32 5,760 TFLOPS; up to 13.5 TB HBM3e, 576 TB/s; NVLink 130 TB/s), "
+          "https://www.nvidia.com/en-us/data-center/gb200-nvl72/", "launch, GTC 2024-03")
+_GB200_MEM = ("NVIDIA GB200 Grace Blackwell Superchip (same page): up to 372 GB HBM3e for its 2 GPUs", "2024")
+_GB300 = ("NVIDIA GB300 NVL72 page, specifications table (72 GPUs: FP8 720 PFLOPS, FP16/BF16 360 PFLOPS, TF32 "
+          "180 PFLOPS with sparsity; up to 576 TB/s; NVLink 130 TB/s), https://www.nvidia.com/en-us/data-center/"
+          "gb300-nvl72/", "2025")
+_ULTRA = ("NVIDIA Blackwell Ultra announcement, GTC 2025-03-18: 288 GB HBM3e per GPU", "2025-03")
+_HGX = ("NVIDIA HGX platform page, HGX B300 column (8 GPUs: FP8 72 PFLOPS, FP16/BF16 36 PFLOPS, TF32 18 PFLOPS "
+        "with sparsity; FP32 600 TFLOPS; NVLink 1.8 TB/s per GPU), https://www.nvidia.com/en-us/data-center/hgx/",
+        "2025")
+_IRONWOOD = ("Google, 'Ironwood: The first Google TPU for the age of inference' (blog: 4,614 TFLOPS FP8 per chip, "
+             "192 GB HBM at 7.2 TB/s, ICI 1.2 TB/s bidirectional, pods of 9,216 chips), "
+             "https://blog.google/products/google-cloud/ironwood-tpu-age-of-inference/", "2025-04-09")
+_MI355X = ("AMD Instinct MI355X launch, Advancing AI 2025 (2025-06-12): FP16/BF16 2.5 PFLOPS, FP8 5 PFLOPS dense "
+           "(rounded as AMD states them), 288 GB HBM3E at 8 TB/s, https://www.amd.com/en/products/accelerators/"
+           "instinct/mi350.html", "2025-06-12")
+_V6E = ("Google Cloud TPU v6e (Trillium) documentation, https://docs.cloud.google.com/tpu/docs/v6e", "docs read 2026-12")
 
 CHIPS: dict[str, Chip] = {c.name: c for c in [
     Chip("A100 SXM 80GB", "GPU",
@@ -161,18 +201,35 @@ CHIPS: dict[str, Chip] = {c.name: c for c in [
          "2.3 TB HBM3e, 1.8 TB/s NVLink per GPU) as reproduced by acecloud.ai ('NVIDIA HGX B300: Specs', Feb 2026) "
          "and fibermall.com; NVIDIA's page: https://www.nvidia.com/en-us/data-center/hgx/",
          "board figures ÷ 8 GPUs; " + _NV_SPARSE + "; 288 GB of HBM3e per GPU, up to 8 TB/s; not checked "
-         "against an NVIDIA datasheet", as_of="read 2026-12"),
-    Chip("MI355X", "GPU", {}, 288 * GiB, 8.0, "Infinity Fabric (4th gen)", None,
+         "against an NVIDIA datasheet", as_of="read 2026-12",
+         figures={**_cited(*_HGX, "fp32", "tf32", "bf16", "fp16", "fp8", "interconnect", "scale_up"),
+                  **_cited(*_ULTRA, "memory", "bandwidth")}, scale_up=8),
+    Chip("MI355X", "GPU", {"bf16": 2500, "fp16": 2500, "fp8": 5000}, 288 * GiB, 8.0, "Infinity Fabric (4th gen)", None,
          "AMD ROCm documentation, GPU specifications (MI355X: 288 GiB VRAM), https://rocm.docs.amd.com/en/latest/"
          "reference/gpu-specs.html; 8 TB/s: The Register, 2025-06-12, 'AMD's MI355X is a 1.4 kW liquid-cooled "
          "monster', reporting AMD's launch figures",
-         "dense matrix peaks not in the sources we read: none stored (a figure we cannot cite is left out)",
-         as_of="read 2026-12"),
+         "dense peaks as AMD's launch rounds them (2.5 / 5 PFLOPS); fp32 and the per-chip link not stored",
+         as_of="read 2026-12", figures=_cited(*_MI355X, "bf16", "fp16", "fp8", "memory", "bandwidth")),
     Chip("TPU v6e", "TPU", {"bf16": 918, "int8": 1836},
          32 * GiB, 1.638, "ICI, 2D torus, 256-chip pods", 800,
          "Google Cloud TPU v6e (Trillium) documentation, https://docs.cloud.google.com/tpu/docs/v6e",
-         "one TensorCore per chip with two 256×256 MXUs (v2–v5: 128×128)", as_of="docs read 2026-12"),
+         "one TensorCore per chip with two 256×256 MXUs (v2–v5: 128×128)", as_of="docs read 2026-12",
+         figures=_cited(*_V6E, "bf16", "int8", "memory", "bandwidth", "interconnect", "scale_up"), scale_up=256),
+    Chip("GB200 NVL72 (per GPU)", "GPU", {"fp32": 80, "tf32": 1250, "bf16": 2500, "fp16": 2500, "fp8": 5000},
+         186 * GiB, 8.0, "NVLink 5, one 72-GPU domain", 1800, _GB200[0],
+         "rack figures ÷ 72; " + _NV_SPARSE + "; TP and EP can span 72 GPUs, not 8", as_of=_GB200[1],
+         figures={**_cited(*_GB200, "fp32", "tf32", "bf16", "fp16", "fp8", "bandwidth", "interconnect", "scale_up"),
+                  **_cited(*_GB200_MEM, "memory")}, scale_up=72),
+    Chip("GB300 NVL72 (per GPU)", "GPU", {"tf32": 1250, "bf16": 2500, "fp16": 2500, "fp8": 5000},
+         288 * GiB, 8.0, "NVLink 5, one 72-GPU domain", 1800, _GB300[0],
+         "rack figures ÷ 72; " + _NV_SPARSE + "; fp32 and int8 not stored (not sourced)", as_of=_GB300[1],
+         figures={**_cited(*_GB300, "tf32", "bf16", "fp16", "fp8", "bandwidth", "interconnect", "scale_up"),
+                  **_cited(*_ULTRA, "memory")}, scale_up=72),
+    Chip("Ironwood", "TPU", {"fp8": 4614}, 192 * GiB, 7.2, "ICI, 9,216-chip pods", 1200, _IRONWOOD[0],
+         "TPU7x; bf16 peak not in the sources we read (the blog gives FP8): none stored", as_of=_IRONWOOD[1],
+         figures=_cited(*_IRONWOOD, "fp8", "memory", "bandwidth", "interconnect", "scale_up"), scale_up=9216),
 ]}
+ROWS_2026 = ("B300 (HGX)", "GB200 NVL72 (per GPU)", "GB300 NVL72 (per GPU)", "MI355X", "TPU v6e", "Ironwood")
 
 
 def chip(name: str) -> Chip:

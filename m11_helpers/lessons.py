@@ -59,7 +59,7 @@ def _l(name: str, modules: str, tests: str) -> Lesson:
 LESSONS: tuple[Lesson, ...] = (
     _l("00_welcome", "welcome", "welcome"),
     _l("01_hardware", "hardware hardware_specs roofline compute_budget", "hardware"),
-    _l("02_collectives", "collectives comm_model collectives_plots", "collectives"),
+    _l("02_collectives", "collectives comm_model collectives_plots critical_path", "collectives"),
     _l("03_data_parallel", "data_parallel ddp_overlap", "data_parallel"),
     _l("04_model_parallel", "pipeline pipeline_run pipeline_comm tensor_parallel tensor_parallel_run planner overlap "
        "pipeline_zb pipeline_ticks backward_split", "pipeline tensor_parallel planner overlap pipeline_zb"),

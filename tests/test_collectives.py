@@ -19,6 +19,7 @@ from m11_helpers.collectives import (
     ring_chunks,
     ring_reduce_scatter,
 )
+from m11_helpers.critical_path import message_depth, record_p2p
 from m11_helpers.launch import launch, rank_device
 
 # ----------------------------------------------------------------------------------------------
@@ -46,6 +47,15 @@ def test_ring_sends_2_n_minus_1_over_n_and_latency_grows_with_n():
     assert cm.ring_allreduce_time(S, 8, 0, 1e-9) == pytest.approx(1.75)
     # Patarasuk & Yuan's lower bound 2(n-1)/n·S·β is met exactly when α = 0.
     assert cm.ring_allreduce_time(S, 1024, 0, 1e-9) < 2.0
+
+
+def test_message_depth_counts_a_serialized_ring_n_times_a_concurrent_one():
+    n = 4  # traces as record_p2p writes them: one step of a ring, then N-1 of them
+    right, left = [(r + 1) % n for r in range(n)], [(r - 1) % n for r in range(n)]
+    concurrent = [[("send", right[r]), ("recv", left[r])] * (n - 1) for r in range(n)]
+    serialized = [concurrent[0]] + [[("recv", left[r]), ("send", right[r])] * (n - 1) for r in range(1, n)]
+    assert message_depth(concurrent) == n - 1 and message_depth(serialized) == n * (n - 1)
+    assert message_depth([[], []]) == 0 and message_depth([[("recv", 1)], [("recv", 0)]]) == 0  # nothing sent
 
 
 def test_tree_and_crossover_agree():
@@ -171,13 +181,16 @@ def _run_all(sizes):
             backend_all_gather(b_ag, rs)
             out[numel] |= {"dist_rs": b_rs, "dist_ag": b_ag}
     trace = []
-    ring_all_reduce(torch.zeros(4 * n, device=rank_device()), trace=trace)
-    return out, trace
+    with record_p2p() as p2p:  # the course's ring, its messages in program order (lesson 02's concurrency check)
+        ring_all_reduce(torch.zeros(4 * n, device=rank_device()), trace=trace)
+    return out, trace, p2p
 
 
 @pytest.mark.parametrize("n", [3, 4])
 def test_ring_collectives_equal_single_process_sums_and_the_backend(n):
     results = launch(_run_all, SIZES, num_processes=n, show_output=False)
+    assert message_depth([p2p for *_, p2p in results]) == 2 * (n - 1)  # concurrent steps: one message time each
+    results = [r[:2] for r in results]
     for numel in SIZES:
         total = sum(_inputs(r, numel) for r in range(n))  # the one-process reference
         parts = torch.tensor_split(total, n)

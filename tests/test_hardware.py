@@ -34,7 +34,7 @@ from m11_helpers.hardware import (
     measure_matmul,
     measured_chip,
 )
-from m11_helpers.hardware_specs import CHIPS, DTYPE_BYTES, LINKS, Chip, GiB, chip
+from m11_helpers.hardware_specs import CHIPS, DTYPE_BYTES, LINKS, ROWS_2026, Chip, GiB, chip
 from m11_helpers.roofline import (
     arithmetic_intensity,
     attainable_flops,
@@ -198,6 +198,14 @@ def test_table_has_the_issue_rows_each_with_a_source():
     # 2026 rows: Blackwell Ultra and MI355X carry 288 GiB, the most per chip; v6e's MXUs are 256×256 again
     assert max(c.memory_gib for c in CHIPS.values()) == 288 == CHIPS["B300 (HGX)"].memory_gib == CHIPS["MI355X"].memory_gib
     assert CHIPS["TPU v6e"].peak_tflops["bf16"] == 918 and "256×256" in CHIPS["TPU v6e"].note
+    for c in (CHIPS[name] for name in ROWS_2026):  # a source and a date for every figure the row stores
+        stored = {*c.peak_tflops, "memory", "bandwidth", *(["interconnect"] if c.interconnect_gbs else []),
+                  *(["scale_up"] if c.scale_up else [])}
+        assert stored <= set(c.figures) and all(src and date for src, date in c.figures.values()), c.name
+    assert CHIPS["GB200 NVL72 (per GPU)"].scale_up == 72 and "2025-04-09" in CHIPS["Ironwood"].figure_cite("fp8")
+    with pytest.raises(ValueError, match="figures"):
+        Chip("uncited", "GPU", {"bf16": 1}, GiB, 1.0, "none", None, "https://example.invalid", as_of="x",
+             figures={"bf16": ("a datasheet", "")})
     with pytest.raises(ValueError, match="as_of"):
         Chip("undated", "GPU", {"bf16": 1}, GiB, 1.0, "none", None, "https://example.invalid")
     for link in LINKS.values():

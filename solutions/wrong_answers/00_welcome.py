@@ -1,26 +1,43 @@
 """Recorded wrong answers for solutions/00_welcome.ipynb (format: m11_helpers/grading/authoring/wrong_answers.py)."""
 
 # %% 0.1 | forgets to divide by the world size | expect: divide by
-def average(t: torch.Tensor) -> torch.Tensor:
-    total = t.clone()
-    dist.all_reduce(total)
-    return total
+def average(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    dist.all_reduce(flat)
+    return [part.view_as(t) for part, t in zip(flat.split([t.numel() for t in tensors]), tensors)]
 
-# %% 0.1 | all-reduces the caller's tensor in place | expect: changed the caller's tensor
-def average(t: torch.Tensor) -> torch.Tensor:
-    dist.all_reduce(t)
-    t /= dist.get_world_size()
-    return t
+# %% 0.1 | all-reduces the caller's tensors in place, one by one | expect: changed the caller's tensors
+def average(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    for t in tensors:
+        dist.all_reduce(t)
+        t /= dist.get_world_size()
+    return tensors
 
-# %% 0.1 | divides by the lesson's 4 ranks instead of the world size | expect: world size
-def average(t: torch.Tensor) -> torch.Tensor:
-    total = t.clone()
-    dist.all_reduce(total)
-    return total / 4
+# %% 0.1 | one all-reduce per tensor (right numbers, one latency per parameter) | expect: one all_reduce per tensor
+def average(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    out = [t.clone() for t in tensors]
+    for t in out:
+        dist.all_reduce(t)
+        t /= dist.get_world_size()
+    return out
 
-# %% 0.1 | divides its own tensor by N without communicating | expect: no collective
-def average(t: torch.Tensor) -> torch.Tensor:
-    return t / dist.get_world_size()
+# %% 0.1 | divides by the check's 3 ranks instead of the world size | expect: not a number written in
+def average(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    dist.all_reduce(flat)
+    flat /= 3
+    return [part.view_as(t) for part, t in zip(flat.split([t.numel() for t in tensors]), tensors)]
+
+# %% 0.1 | packs in float32 whatever the dtype (float64 gradients come back float32) | expect: float64
+def average(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    flat = torch.cat([t.reshape(-1).float() for t in tensors])
+    dist.all_reduce(flat)
+    flat /= dist.get_world_size()
+    return [part.view(t.shape) for part, t in zip(flat.split([t.numel() for t in tensors]), tensors)]
+
+# %% 0.1 | averages its own tensors without communicating | expect: no collective
+def average(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    return [t / dist.get_world_size() for t in tensors]
 
 # %% 0.2 | contiguous blocks of n // world_size: drops the remainder | expect: missing
 def shard_indices(n: int, rank: int, world_size: int) -> list[int]:

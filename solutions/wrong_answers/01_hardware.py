@@ -108,24 +108,310 @@ def compute_bound_tokens(k: int, n: int, bytes_per_element: int, peak_flops: flo
         m += 1
     return m
 
-# %% 1.3 | a line through the first and last points only | expect: two points
-def fit_alpha_beta(sizes, seconds) -> tuple[float, float]:
-    slope = (seconds[-1] - seconds[0]) / (sizes[-1] - sizes[0])
-    return seconds[0] - slope * sizes[0], 1 / slope
+# %% 1.3 | counts m·k·n FLOPs (forgets the add) | expect: one multiply and one add
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
-# %% 1.3 | returns the slope (seconds per byte) as the bandwidth | expect: inverse
-def fit_alpha_beta(sizes, seconds) -> tuple[float, float]:
-    slope, alpha = np.polyfit(sizes, seconds, 1)
-    return float(alpha), float(slope)
 
-# %% 1.3 | no latency term: bandwidth = mean of S / t | expect: intercept
-def fit_alpha_beta(sizes, seconds) -> tuple[float, float]:
-    return 0.0, float(np.mean(np.asarray(sizes) / np.asarray(seconds)))
+def time_matmul(m: int, k: int, n: int, repeats: int) -> float:
+    a, b = torch.randn(m, k, device=DEVICE), torch.randn(k, n, device=DEVICE)  # (m, k), (k, n) fp32
+    sync = torch.cuda.synchronize if DEVICE.type == "cuda" else (lambda: None)
+    a @ b  # warm-up: the first call pays for kernel selection and caches
+    times = []
+    for _ in range(repeats):
+        sync()
+        t0 = time.perf_counter()
+        a @ b
+        sync()  # a GPU runs asynchronously: wait for the matmul before reading the clock
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
 
-# %% 1.3 | fits a straight line to the logarithms | expect: not of their logarithms
-def fit_alpha_beta(sizes, seconds) -> tuple[float, float]:
-    slope, intercept = np.polyfit(np.log(sizes), np.log(seconds), 1)
-    return float(np.exp(intercept)), float(1 / slope)
+
+def roofline_point(m: int, k: int, n: int, seconds: float) -> tuple[float, float]:
+    flops, nbytes = m * k * n, 4 * (m * k + k * n + m * n)  # one multiply-add per term; fp32 = 4 bytes
+    return flops / nbytes, flops / seconds
+
+
+def design_sweep() -> list[tuple[int, int, int]]:
+    # m tokens through a 1024–2048-wide layer: intensity grows with m, from ~0.5 (m = 1) to 128 (768³)
+    return [(1, 2048, 2048), (8, 2048, 2048), (32, 1024, 1024), (128, 1024, 1024), (256, 1024, 1024), (768, 768, 768)]
+
+
+def roofs(points: list[tuple[float, float]]) -> tuple[float, float]:
+    peak = max(achieved for _, achieved in points)  # the flat roof: no point above it
+    bandwidth = max(achieved / intensity for intensity, achieved in points)  # the slanted one: the steepest point
+    return peak, bandwidth
+    ### END SOLUTION
+
+# %% 1.3 | counts reading A and B but not writing C | expect: count the output's bytes
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def time_matmul(m: int, k: int, n: int, repeats: int) -> float:
+    a, b = torch.randn(m, k, device=DEVICE), torch.randn(k, n, device=DEVICE)  # (m, k), (k, n) fp32
+    sync = torch.cuda.synchronize if DEVICE.type == "cuda" else (lambda: None)
+    a @ b  # warm-up: the first call pays for kernel selection and caches
+    times = []
+    for _ in range(repeats):
+        sync()
+        t0 = time.perf_counter()
+        a @ b
+        sync()  # a GPU runs asynchronously: wait for the matmul before reading the clock
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def roofline_point(m: int, k: int, n: int, seconds: float) -> tuple[float, float]:
+    flops, nbytes = 2 * m * k * n, 4 * (m * k + k * n)  # one multiply-add per term; fp32 = 4 bytes
+    return flops / nbytes, flops / seconds
+
+
+def design_sweep() -> list[tuple[int, int, int]]:
+    # m tokens through a 1024–2048-wide layer: intensity grows with m, from ~0.5 (m = 1) to 128 (768³)
+    return [(1, 2048, 2048), (8, 2048, 2048), (32, 1024, 1024), (128, 1024, 1024), (256, 1024, 1024), (768, 768, 768)]
+
+
+def roofs(points: list[tuple[float, float]]) -> tuple[float, float]:
+    peak = max(achieved for _, achieved in points)  # the flat roof: no point above it
+    bandwidth = max(achieved / intensity for intensity, achieved in points)  # the slanted one: the steepest point
+    return peak, bandwidth
+    ### END SOLUTION
+
+# %% 1.3 | returns the total over the repeats, not one matmul's time | expect: not the sum over the repeats
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def time_matmul(m: int, k: int, n: int, repeats: int) -> float:
+    a, b = torch.randn(m, k, device=DEVICE), torch.randn(k, n, device=DEVICE)  # (m, k), (k, n) fp32
+    sync = torch.cuda.synchronize if DEVICE.type == "cuda" else (lambda: None)
+    a @ b  # warm-up: the first call pays for kernel selection and caches
+    times = []
+    for _ in range(repeats):
+        sync()
+        t0 = time.perf_counter()
+        a @ b
+        sync()  # a GPU runs asynchronously: wait for the matmul before reading the clock
+        times.append(time.perf_counter() - t0)
+    return sum(times)
+
+
+def roofline_point(m: int, k: int, n: int, seconds: float) -> tuple[float, float]:
+    flops, nbytes = 2 * m * k * n, 4 * (m * k + k * n + m * n)  # one multiply-add per term; fp32 = 4 bytes
+    return flops / nbytes, flops / seconds
+
+
+def design_sweep() -> list[tuple[int, int, int]]:
+    # m tokens through a 1024–2048-wide layer: intensity grows with m, from ~0.5 (m = 1) to 128 (768³)
+    return [(1, 2048, 2048), (8, 2048, 2048), (32, 1024, 1024), (128, 1024, 1024), (256, 1024, 1024), (768, 768, 768)]
+
+
+def roofs(points: list[tuple[float, float]]) -> tuple[float, float]:
+    peak = max(achieved for _, achieved in points)  # the flat roof: no point above it
+    bandwidth = max(achieved / intensity for intensity, achieved in points)  # the slanted one: the steepest point
+    return peak, bandwidth
+    ### END SOLUTION
+
+# %% 1.3 | no warm-up: the first matmul is timed too | expect: warm-up
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def time_matmul(m: int, k: int, n: int, repeats: int) -> float:
+    a, b = torch.randn(m, k, device=DEVICE), torch.randn(k, n, device=DEVICE)  # (m, k), (k, n) fp32
+    sync = torch.cuda.synchronize if DEVICE.type == "cuda" else (lambda: None)
+    times = []
+    for _ in range(repeats):
+        sync()
+        t0 = time.perf_counter()
+        a @ b
+        sync()  # a GPU runs asynchronously: wait for the matmul before reading the clock
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def roofline_point(m: int, k: int, n: int, seconds: float) -> tuple[float, float]:
+    flops, nbytes = 2 * m * k * n, 4 * (m * k + k * n + m * n)  # one multiply-add per term; fp32 = 4 bytes
+    return flops / nbytes, flops / seconds
+
+
+def design_sweep() -> list[tuple[int, int, int]]:
+    # m tokens through a 1024–2048-wide layer: intensity grows with m, from ~0.5 (m = 1) to 128 (768³)
+    return [(1, 2048, 2048), (8, 2048, 2048), (32, 1024, 1024), (128, 1024, 1024), (256, 1024, 1024), (768, 768, 768)]
+
+
+def roofs(points: list[tuple[float, float]]) -> tuple[float, float]:
+    peak = max(achieved for _, achieved in points)  # the flat roof: no point above it
+    bandwidth = max(achieved / intensity for intensity, achieved in points)  # the slanted one: the steepest point
+    return peak, bandwidth
+    ### END SOLUTION
+
+# %% 1.3 | a sweep of large square matmuls only (never memory-bound) | expect: memory-bound everywhere
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def time_matmul(m: int, k: int, n: int, repeats: int) -> float:
+    a, b = torch.randn(m, k, device=DEVICE), torch.randn(k, n, device=DEVICE)  # (m, k), (k, n) fp32
+    sync = torch.cuda.synchronize if DEVICE.type == "cuda" else (lambda: None)
+    a @ b  # warm-up: the first call pays for kernel selection and caches
+    times = []
+    for _ in range(repeats):
+        sync()
+        t0 = time.perf_counter()
+        a @ b
+        sync()  # a GPU runs asynchronously: wait for the matmul before reading the clock
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def roofline_point(m: int, k: int, n: int, seconds: float) -> tuple[float, float]:
+    flops, nbytes = 2 * m * k * n, 4 * (m * k + k * n + m * n)  # one multiply-add per term; fp32 = 4 bytes
+    return flops / nbytes, flops / seconds
+
+
+def design_sweep() -> list[tuple[int, int, int]]:
+    # m tokens through a 1024–2048-wide layer: intensity grows with m, from ~0.5 (m = 1) to 128 (768³)
+    return [(256, 256, 256), (384, 384, 384), (512, 512, 512), (640, 640, 640), (768, 768, 768), (896, 896, 896)]
+
+
+def roofs(points: list[tuple[float, float]]) -> tuple[float, float]:
+    peak = max(achieved for _, achieved in points)  # the flat roof: no point above it
+    bandwidth = max(achieved / intensity for intensity, achieved in points)  # the slanted one: the steepest point
+    return peak, bandwidth
+    ### END SOLUTION
+
+# %% 1.3 | a sweep that ends at 512³ (never past 100 FLOP/byte) | expect: ≥ 100 FLOP/byte
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def time_matmul(m: int, k: int, n: int, repeats: int) -> float:
+    a, b = torch.randn(m, k, device=DEVICE), torch.randn(k, n, device=DEVICE)  # (m, k), (k, n) fp32
+    sync = torch.cuda.synchronize if DEVICE.type == "cuda" else (lambda: None)
+    a @ b  # warm-up: the first call pays for kernel selection and caches
+    times = []
+    for _ in range(repeats):
+        sync()
+        t0 = time.perf_counter()
+        a @ b
+        sync()  # a GPU runs asynchronously: wait for the matmul before reading the clock
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def roofline_point(m: int, k: int, n: int, seconds: float) -> tuple[float, float]:
+    flops, nbytes = 2 * m * k * n, 4 * (m * k + k * n + m * n)  # one multiply-add per term; fp32 = 4 bytes
+    return flops / nbytes, flops / seconds
+
+
+def design_sweep() -> list[tuple[int, int, int]]:
+    # m tokens through a 1024–2048-wide layer: intensity grows with m, from ~0.5 (m = 1) to 128 (768³)
+    return [(1, 2048, 2048), (8, 2048, 2048), (32, 1024, 1024), (128, 1024, 1024), (256, 1024, 1024), (512, 512, 512)]
+
+
+def roofs(points: list[tuple[float, float]]) -> tuple[float, float]:
+    peak = max(achieved for _, achieved in points)  # the flat roof: no point above it
+    bandwidth = max(achieved / intensity for intensity, achieved in points)  # the slanted one: the steepest point
+    return peak, bandwidth
+    ### END SOLUTION
+
+# %% 1.3 | the roofs as the mean of the points (points above the roofline) | expect: bound every point
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def time_matmul(m: int, k: int, n: int, repeats: int) -> float:
+    a, b = torch.randn(m, k, device=DEVICE), torch.randn(k, n, device=DEVICE)  # (m, k), (k, n) fp32
+    sync = torch.cuda.synchronize if DEVICE.type == "cuda" else (lambda: None)
+    a @ b  # warm-up: the first call pays for kernel selection and caches
+    times = []
+    for _ in range(repeats):
+        sync()
+        t0 = time.perf_counter()
+        a @ b
+        sync()  # a GPU runs asynchronously: wait for the matmul before reading the clock
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def roofline_point(m: int, k: int, n: int, seconds: float) -> tuple[float, float]:
+    flops, nbytes = 2 * m * k * n, 4 * (m * k + k * n + m * n)  # one multiply-add per term; fp32 = 4 bytes
+    return flops / nbytes, flops / seconds
+
+
+def design_sweep() -> list[tuple[int, int, int]]:
+    # m tokens through a 1024–2048-wide layer: intensity grows with m, from ~0.5 (m = 1) to 128 (768³)
+    return [(1, 2048, 2048), (8, 2048, 2048), (32, 1024, 1024), (128, 1024, 1024), (256, 1024, 1024), (768, 768, 768)]
+
+
+def roofs(points: list[tuple[float, float]]) -> tuple[float, float]:
+    peak = statistics.mean(achieved for _, achieved in points)  # the flat roof: no point above it
+    bandwidth = max(achieved / intensity for intensity, achieved in points)  # the slanted one: the steepest point
+    return peak, bandwidth
+    ### END SOLUTION
+
+# %% 1.3 | the bandwidth from the most memory-bound point only (not the steepest) | expect: achieved / intensity
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def time_matmul(m: int, k: int, n: int, repeats: int) -> float:
+    a, b = torch.randn(m, k, device=DEVICE), torch.randn(k, n, device=DEVICE)  # (m, k), (k, n) fp32
+    sync = torch.cuda.synchronize if DEVICE.type == "cuda" else (lambda: None)
+    a @ b  # warm-up: the first call pays for kernel selection and caches
+    times = []
+    for _ in range(repeats):
+        sync()
+        t0 = time.perf_counter()
+        a @ b
+        sync()  # a GPU runs asynchronously: wait for the matmul before reading the clock
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def roofline_point(m: int, k: int, n: int, seconds: float) -> tuple[float, float]:
+    flops, nbytes = 2 * m * k * n, 4 * (m * k + k * n + m * n)  # one multiply-add per term; fp32 = 4 bytes
+    return flops / nbytes, flops / seconds
+
+
+def design_sweep() -> list[tuple[int, int, int]]:
+    # m tokens through a 1024–2048-wide layer: intensity grows with m, from ~0.5 (m = 1) to 128 (768³)
+    return [(1, 2048, 2048), (8, 2048, 2048), (32, 1024, 1024), (128, 1024, 1024), (256, 1024, 1024), (768, 768, 768)]
+
+
+def roofs(points: list[tuple[float, float]]) -> tuple[float, float]:
+    peak = max(achieved for _, achieved in points)  # the flat roof: no point above it
+    bandwidth = min(points)[1] / min(points)[0]  # the slanted one: the steepest point
+    return peak, bandwidth
+    ### END SOLUTION
+
+# %% 1.3 | calls the course's roofline helpers | expect: yourself
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def time_matmul(m: int, k: int, n: int, repeats: int) -> float:
+    a, b = torch.randn(m, k, device=DEVICE), torch.randn(k, n, device=DEVICE)  # (m, k), (k, n) fp32
+    sync = torch.cuda.synchronize if DEVICE.type == "cuda" else (lambda: None)
+    a @ b  # warm-up: the first call pays for kernel selection and caches
+    times = []
+    for _ in range(repeats):
+        sync()
+        t0 = time.perf_counter()
+        a @ b
+        sync()  # a GPU runs asynchronously: wait for the matmul before reading the clock
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def roofline_point(m: int, k: int, n: int, seconds: float) -> tuple[float, float]:
+    flops, nbytes = roofline.matmul_flops(m, n, k), roofline.matmul_bytes(m, n, k, "fp32")  # one multiply-add per term; fp32 = 4 bytes
+    return flops / nbytes, flops / seconds
+
+
+def design_sweep() -> list[tuple[int, int, int]]:
+    # m tokens through a 1024–2048-wide layer: intensity grows with m, from ~0.5 (m = 1) to 128 (768³)
+    return [(1, 2048, 2048), (8, 2048, 2048), (32, 1024, 1024), (128, 1024, 1024), (256, 1024, 1024), (768, 768, 768)]
+
+
+def roofs(points: list[tuple[float, float]]) -> tuple[float, float]:
+    peak = max(achieved for _, achieved in points)  # the flat roof: no point above it
+    bandwidth = max(achieved / intensity for intensity, achieved in points)  # the slanted one: the steepest point
+    return peak, bandwidth
+    ### END SOLUTION
 
 # %% 1.4 | both ranks send first, then receive | expect: deadlock
 def ping_pong(message: torch.Tensor, repeats: int) -> float | None:

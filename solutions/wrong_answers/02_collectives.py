@@ -277,3 +277,51 @@ def hierarchical_all_reduce(x: torch.Tensor, node_group, rail_group) -> torch.Te
     out = torch.empty_like(x)
     backend_all_gather(out, shard, group=node_group)
     return out
+
+# %% 2.1 | a serialized ring: every rank but 0 waits for its receive before it sends (right numbers and bytes, N× the time) | expect: steps run one after another
+def my_ring_reduce_scatter(x: torch.Tensor) -> torch.Tensor:
+    rank, n = dist.get_rank(), dist.get_world_size()
+    chunks = list(x.clone().chunk(n))
+    right, left = (rank + 1) % n, (rank - 1) % n
+    buf = torch.empty_like(chunks[0])
+    for step in range(n - 1):
+        send_idx, recv_idx = (rank - step - 1) % n, (rank - step - 2) % n
+        if rank == 0:  # rank 0 starts each step; every other rank passes it on once its message is in
+            req = dist.isend(chunks[send_idx], right)
+            dist.recv(buf, left)
+            req.wait()
+        else:
+            work = dist.irecv(buf, left)
+            work.wait()
+            dist.send(chunks[send_idx], right)
+        chunks[recv_idx].add_(buf)
+    return chunks[rank]
+
+# %% 2.2 | a serialized ring: each rank forwards a step's chunk only after its own arrived (bucket brigade) | expect: steps run one after another
+def my_ring_all_gather(chunk: torch.Tensor) -> torch.Tensor:
+    rank, n = dist.get_rank(), dist.get_world_size()
+    out = chunk.new_empty(n * chunk.numel())
+    parts = list(out.chunk(n))
+    parts[rank].copy_(chunk)
+    right, left = (rank + 1) % n, (rank - 1) % n
+    for step in range(n - 1):
+        send_idx, recv_idx = (rank - step) % n, (rank - step - 1) % n
+        if rank == 0:
+            req = dist.isend(parts[send_idx], right)
+            dist.recv(parts[recv_idx], left)
+            req.wait()
+        else:
+            dist.recv(parts[recv_idx], left)
+            dist.send(parts[send_idx], right)
+    return out
+
+# %% 2.4 | all-reduces the whole x inside the node, then only its shard across (right numbers, 1/g across nodes, 1.5× the node's traffic) | expect: links inside its node
+def hierarchical_all_reduce(x: torch.Tensor, node_group, rail_group) -> torch.Tensor:
+    g, local = dist.get_world_size(node_group), dist.get_group_rank(node_group, dist.get_rank())
+    node_sum = x.clone()
+    dist.all_reduce(node_sum, group=node_group)  # every GPU of the node holds the node's whole sum
+    shard = node_sum.chunk(g)[local].clone()  # (S/g,) its part of it
+    dist.all_reduce(shard, group=rail_group)
+    out = torch.empty_like(x)
+    backend_all_gather(out, shard, group=node_group)
+    return out

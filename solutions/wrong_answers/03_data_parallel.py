@@ -424,3 +424,85 @@ def noise_scale_from_ranks(local_grad: torch.Tensor, local_batch: int) -> float:
     small_sq, big_sq = both[-1], both[:-1].pow(2).sum()
     g2 = (big_b * big_sq - b * small_sq) / (big_b - b)
     return float((small_sq - big_sq) / g2)
+
+# %% 3.3 | silently skips a bucket whose parameter got no gradient (its hook never fires) | expect: a parameter that got no gradient never fires its hook
+class OverlappedGradSync:
+    def __init__(self, model: torch.nn.Module, buckets: list[list[int]]):
+        params = list(model.parameters())
+        self.buckets = [[params[i] for i in b] for b in buckets]
+        self.missing = [len(b) for b in self.buckets]
+        self.in_flight = []
+
+        def on_ready(k):
+            self.missing[k] -= 1
+            if self.missing[k] == 0:
+                bucket = self.buckets[k]
+                flat = torch.cat([p.grad.reshape(-1) for p in bucket])
+                self.in_flight.append((dist.all_reduce(flat, async_op=True), flat, bucket))
+
+        for k, bucket in enumerate(self.buckets):
+            for p in bucket:
+                p.register_post_accumulate_grad_hook(lambda _p, k=k: on_ready(k))
+
+    def finish(self) -> None:
+        for work, flat, bucket in self.in_flight:
+            work.wait()
+            flat /= dist.get_world_size()
+            offset = 0
+            for p in bucket:
+                p.grad.copy_(flat[offset:offset + p.numel()].view_as(p.grad))
+                offset += p.numel()
+        self.in_flight.clear()
+        self.missing = [len(b) for b in self.buckets]
+
+# %% 3.3 | all-reduces the unused parameter's bucket but gives that parameter a zero gradient | expect: leave its p.grad None
+class OverlappedGradSync:
+    def __init__(self, model: torch.nn.Module, buckets: list[list[int]]):
+        params = list(model.parameters())
+        self.buckets = [[params[i] for i in b] for b in buckets]
+        self.missing = [len(b) for b in self.buckets]
+        self.in_flight = []
+
+        def on_ready(k):
+            self.missing[k] -= 1
+            if self.missing[k] == 0:
+                self.start(k)
+
+        for k, bucket in enumerate(self.buckets):
+            for p in bucket:
+                p.register_post_accumulate_grad_hook(lambda _p, k=k: on_ready(k))
+
+    def start(self, k):
+        bucket = self.buckets[k]
+        for p in bucket:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        flat = torch.cat([p.grad.reshape(-1) for p in bucket])
+        self.in_flight.append((dist.all_reduce(flat, async_op=True), flat, bucket))
+        self.missing[k] = -1
+
+    def finish(self) -> None:
+        for k, missing in enumerate(self.missing):
+            if missing > 0:
+                self.start(k)
+        for work, flat, bucket in self.in_flight:
+            work.wait()
+            flat /= dist.get_world_size()
+            offset = 0
+            for p in bucket:
+                p.grad.copy_(flat[offset:offset + p.numel()].view_as(p.grad))
+                offset += p.numel()
+        self.in_flight.clear()
+        self.missing = [len(b) for b in self.buckets]
+
+# %% 3.4 | the world size written in as the check's 2 ranks | expect: 3 ranks
+def noise_scale_from_ranks(local_grad: torch.Tensor, local_batch: int) -> float:
+    n = 2
+    b, big_b = local_batch, n * local_batch
+    both = torch.cat([local_grad, local_grad.pow(2).sum().reshape(1)])
+    dist.all_reduce(both)
+    both /= n
+    small_sq, big_sq = both[-1], both[:-1].pow(2).sum()
+    g2 = (big_b * big_sq - b * small_sq) / (big_b - b)
+    trace = (small_sq - big_sq) / (1 / b - 1 / big_b)
+    return float(trace / g2)
