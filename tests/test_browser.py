@@ -119,7 +119,9 @@ def test_every_slide_of_every_deck_fits_the_screen_in_height_and_width(tmp_path:
     long = "x = " + " + ".join(f"value_{i}" for i in range(40))  # ~400 characters of code
     probe = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# Wide lines"),
                                             nbformat.v4.new_code_cell(long)])
-    probe.cells[1].outputs = [nbformat.v4.new_output("stream", text="-" * 400 + "\n")]
+    probe.cells[1].outputs = [nbformat.v4.new_output("stream", text="-" * 400 + "\n")]  # wraps in its box
+    table = "<table><tr>" + "".join(f"<td>column_{i}</td>" for i in range(40)) + "</tr></table>"  # cannot wrap
+    probe.cells[1].outputs.append(nbformat.v4.new_output("display_data", data={"text/html": table}))
     tall = nbformat.v4.new_markdown_cell("\n".join(f"- line {i}" for i in range(60)))
     tall.metadata["slideshow"] = {"slide_type": "slide"}
     short = nbformat.v4.new_markdown_cell("## A slide that fits")
@@ -132,10 +134,11 @@ def test_every_slide_of_every_deck_fits_the_screen_in_height_and_width(tmp_path:
     reports = {}
     with Chromium(offline=True, width=1280, height=720) as page:
         assert measure_deck(page, wide)["cut"] == [], "a 400-character line must wrap / scroll in its box"
-        # the fit measure sees what the lenient one lets through: the scrolled output is too wide, the
-        # 60-line slide too tall though it scrolls; the short slide fits
+        # the fit measure sees what the lenient one lets through: the 40-column table scrolls in its box (too
+        # wide), the 60-line slide is too tall though it scrolls; the wrapped 400-character lines fit
         fit = fit_deck(page, wide)
         assert [s for s, _ in fit["wide"]] == ["0.0"] and [s for s, _ in fit["tall"]] == ["1.0"], fit
+        assert all(what[0][0] == "TABLE" for _, what in fit["wide"]), fit  # not the wrapped code or output
         page.evaluate(UNWRAPPED)  # the control: the same deck, still open, with our wrapping switched off
         cut = [c for h, v in page.evaluate(SETUP_SLIDES) for c in page.evaluate(MEASURE_ONE % (h, v))["cut"]]
         assert cut, "the measurement must see a line cut at the edge when wrapping is off"
