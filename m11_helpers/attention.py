@@ -13,25 +13,27 @@ the backward pass with the log-sum-exp. Online softmax: Milakov & Gimelshein 201
 Memory is measured with the kit's `m11_helpers.memory.saved_activation_bytes` (lesson 08 teaches it);
 the s² bytes come from the kit's one activation model (`m11_helpers.activations`, its "attention
 scores" term). `sdpa_kernels` names the kernel PyTorch's SDPA picks on this build, through the op
-tracer that also watches exercise 9.2 (`m11_helpers.op_trace`).
+tracer that also watches exercise 9.2 (`m11_helpers.op_trace`). `step_memory` measures a whole
+forward + backward, every tensor either creates, with the allocation tracker of `m11_helpers.flash_backward`.
 """
 
 from __future__ import annotations
 
 import math
+import time
 
 import torch
 
 from m11_helpers.activations import activation_bytes
 from m11_helpers.config import TransformerConfig
-from m11_helpers.flash_backward import flash_backward
+from m11_helpers.flash_backward import allocation_profile, flash_backward
 from m11_helpers.memory import saved_activation_bytes
 from m11_helpers.op_trace import trace_dispatch
 from m11_helpers.validate import positive_int, positive_real
 
 __all__ = ["A100_SRAM_BYTES", "A100_SHARED_MEMORY_BYTES", "naive_attention", "online_softmax_update", "tiled_attention", "flash_attention",
            "attention_matrix_bytes", "max_seq_len_for_budget", "qkvo_bytes", "standard_hbm_elements",
-           "flash_hbm_elements", "flash_block_sizes", "saved_bytes_by_method", "sdpa_kernels"]
+           "flash_hbm_elements", "flash_block_sizes", "saved_bytes_by_method", "sdpa_kernels", "step_memory"]
 
 # On-chip SRAM of one A100 streaming multiprocessor as the paper counts it: "192KB per each of 108 streaming
 # multiprocessors" (Dao et al. 2022, §2.1). FlashAttention's M counts elements: A100_SRAM_BYTES // 2 in fp16/bf16.
@@ -244,3 +246,25 @@ def sdpa_kernels(seq_len: int = 64, heads: int = 4, head_dim: int = 16, causal: 
     ops = trace_dispatch(torch.nn.functional.scaled_dot_product_attention, q, k, v, is_causal=causal,
                          no_grad=False).ops
     return frozenset(op for op in ops if "attention" in op)
+
+
+def step_memory(seq_len: int, head_dim: int = 64, block: int = 128, causal: bool = True) -> dict[str, dict]:
+    """Forward + backward of one head through autograd: naive (saves P) vs flash_attention (recomputes it).
+
+    Each value is `allocation_profile`'s dict (bytes of the largest tensor created, the peak of those alive
+    at once, how many) plus "seconds" (one run, fp32); q, k, v and dO are made outside and not counted.
+    """
+    for name, x in (("seq_len", seq_len), ("head_dim", head_dim), ("block", block)):
+        positive_int(name, x)
+    g = torch.Generator().manual_seed(0)
+    q, k, v, do = (torch.randn(1, 1, seq_len, head_dim, generator=g) for _ in range(4))  # (B, H, T, D)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    runs = {"naive (autograd)": lambda: naive_attention(*leaves, causal=causal),
+            "flash (recompute)": lambda: flash_attention(*leaves, block, block, causal)}
+    out = {}
+    for name, forward in runs.items():
+        t0 = time.perf_counter()
+        out[name] = allocation_profile(lambda f=forward: torch.autograd.grad(f(), leaves, do))
+        out[name]["seconds"] = time.perf_counter() - t0
+    return out
+

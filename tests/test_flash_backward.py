@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from m11_helpers.attention import flash_attention, naive_attention, tiled_attention
+from m11_helpers.attention import flash_attention, naive_attention, step_memory, tiled_attention
 from m11_helpers.flash_backward import allocation_profile, flash_backward, largest_allocation
 from m11_helpers.flex_masks import (
     block_sparsity,
@@ -53,6 +53,10 @@ def test_no_tensor_of_t_by_t_exists_at_large_t_and_the_tracker_sees_one_in_full_
     def full():
         return torch.autograd.grad(naive_attention(*small, causal=True), small, do[..., :512, :])
     assert largest_allocation(full) >= 512 * 512 * 4
+    # the lesson's table (attention.step_memory): whole forward + backward through autograd, naive vs recomputing
+    mem = step_memory(512, head_dim=16, block=128)
+    naive, flash = mem["naive (autograd)"], mem["flash (recompute)"]
+    assert naive["largest"] >= 512 * 512 * 4 > 8 * flash["largest"] and naive["peak_live"] > 4 * flash["peak_live"]
 
 
 def test_flex_attention_document_mask_and_score_mod_match_the_dense_reference_on_cpu():

@@ -17,6 +17,9 @@ _MAT = {s: attention_matrix_bytes(1, _H, s, 2) / _GIB for s in (_S, 2 * _S)}  # 
 _KEEP = {s: qkvo_bytes(1, _H, s, _D, 2) / _GIB for s in (_S, 2 * _S)}  # Q, K, V, O
 _M = A100_SRAM_BYTES // 2  # A100: 192 KiB of SRAM per SM, in 16-bit elements (Dao et al. 2022, §2.1)
 _RATIO = {d: standard_hbm_elements(65536, d) / flash_hbm_elements(65536, d, _M) for d in (128, 256)}  # lesson: 64, 128
+_LONG = 8 * _S  # a long-context run the lesson did not compute
+_ROWS_MIB = 2 * _H * _LONG * 4 / 2**20  # L and D: one fp32 number per query row each, every head
+_P_GIB = attention_matrix_bytes(1, _H, _LONG, 2) / _GIB  # the whole layer's P, bf16
 
 QUESTIONS = [
     Question("FlashAttention computes…",
@@ -78,4 +81,19 @@ QUESTIONS = [
               "overlaps a collective on gloo's thread is counted once.",
               "Each rank's events are its own; the lesson splits them rank by rank.",
               "Collectives are named gloo:/c10d:: events, not aten:: ones."]),
+    Question(f"You train the 7B shape ({_H} heads, d = {_D}, bf16, batch 1) at s = {_LONG:,} with FlashAttention. "
+             "Besides Q, K, V, O, dO and the three gradients (each s × d per head), what does one attention layer's "
+             "backward hold in HBM to rebuild P?",
+             ["Nothing more: P is recomputed from Q and K alone",
+              f"One number per query row from the forward (L = m + log ℓ) and one it computes (D = rowsum(dO ∘ O)): "
+              f"{_ROWS_MIB:.0f} MiB in fp32 for all heads",
+              f"P of one head at a time: {_P_GIB / _H:.0f} GiB", f"All of P, as autograd would: {_P_GIB:.0f} GiB"], 1,
+             ["Q and K give the scores S, not the softmax: without the row's normaliser each tile of P would need "
+              "the whole row first (a second pass over every key tile).",
+              f"Right: 2 numbers × {_H} heads × {_LONG:,} rows × 4 bytes = {_ROWS_MIB:.0f} MiB, linear in s; P then "
+              "comes back exactly, one tile at a time in SRAM, as exp(S − L), and dS = P ∘ (dP − D) (exercise 9.5).",
+              f"A head's P is s² × 2 bytes = {_P_GIB / _H:.0f} GiB: no HBM holds that per layer; FlashAttention never "
+              "builds a row of it, let alone a head.",
+              f"{_H} × s² × 2 bytes = {_P_GIB:.0f} GiB per layer: that is what recomputation removes."],
+             transfer=True),
 ]

@@ -94,47 +94,70 @@ def token_weighted_losses(per_token_losses, masks):
 def token_weighted_losses(per_token_losses, masks):
     return course_loop.token_weighted_losses(per_token_losses, masks)
 
-# %% 7.4 | no no_sync: an all-reduce after every micro-batch | expect: all but the last backward
-def ddp_accumulate(ddp_model, micro_batches) -> None:
+# %% 7.4 | all-reduces each micro-batch's gradient as it comes: right gradients, K× the traffic | expect: not one per micro-batch
+def accumulate_and_sync(model, micro_batches) -> None:
+    K, world = len(micro_batches), dist.get_world_size()
+    params = list(model.parameters())
+    for x, y in micro_batches:
+        grads = torch.autograd.grad(F.mse_loss(model(x), y) / K, params)
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat)  # every micro-batch pays the whole model's message
+        for p, part in zip(params, flat.split([p.numel() for p in params])):
+            p.grad = part.view_as(p) / world if p.grad is None else p.grad + part.view_as(p) / world
+
+# %% 7.4 | one all-reduce per parameter: the sum is right, the latency paid once per tensor | expect: not one per parameter
+def accumulate_and_sync(model, micro_batches) -> None:
     K = len(micro_batches)
     for x, y in micro_batches:
-        (F.mse_loss(ddp_model(x), y) / K).backward()
-
-# %% 7.4 | the whole window inside no_sync: nothing is ever all-reduced | expect: outside no_sync
-def ddp_accumulate(ddp_model, micro_batches) -> None:
-    K = len(micro_batches)
-    with ddp_model.no_sync():
-        for x, y in micro_batches:
-            (F.mse_loss(ddp_model(x), y) / K).backward()
-
-# %% 7.4 | forgets to divide each micro-loss by K | expect: divide each micro-loss by K
-def ddp_accumulate(ddp_model, micro_batches) -> None:
-    K = len(micro_batches)
-    for k, (x, y) in enumerate(micro_batches):
-        with (ddp_model.no_sync() if k < K - 1 else contextlib.nullcontext()):
-            F.mse_loss(ddp_model(x), y).backward()
-
-# %% 7.4 | synchronises the first micro-batch instead of the last | expect: last backward all-reduces
-def ddp_accumulate(ddp_model, micro_batches) -> None:
-    K = len(micro_batches)
-    for k, (x, y) in enumerate(micro_batches):
-        with (ddp_model.no_sync() if k > 0 else contextlib.nullcontext()):
-            (F.mse_loss(ddp_model(x), y) / K).backward()
-
-# %% 7.4 | accumulates under no_sync, then all-reduces each gradient by hand | expect: outside no_sync
-def ddp_accumulate(ddp_model, micro_batches) -> None:
-    K = len(micro_batches)
-    with ddp_model.no_sync():
-        for x, y in micro_batches:
-            (F.mse_loss(ddp_model(x), y) / K).backward()
-    for p in ddp_model.parameters():
+        (F.mse_loss(model(x), y) / K).backward()
+    for p in model.parameters():
         dist.all_reduce(p.grad)
         p.grad /= dist.get_world_size()
 
+# %% 7.4 | sums over the ranks, never divides by the world size | expect: divide by dist.get_world_size()
+def accumulate_and_sync(model, micro_batches) -> None:
+    K = len(micro_batches)
+    for x, y in micro_batches:
+        (F.mse_loss(model(x), y) / K).backward()
+    grads = [p.grad for p in model.parameters()]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    for g, part in zip(grads, flat.split([g.numel() for g in grads])):
+        g.copy_(part.view_as(g))
+
+# %% 7.4 | forgets to divide each micro-loss by K | expect: divide each micro-loss by K
+def accumulate_and_sync(model, micro_batches) -> None:
+    for x, y in micro_batches:
+        F.mse_loss(model(x), y).backward()
+    grads = [p.grad for p in model.parameters()]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    flat /= dist.get_world_size()
+    for g, part in zip(grads, flat.split([g.numel() for g in grads])):
+        g.copy_(part.view_as(g))
+
+# %% 7.4 | dist.reduce to rank 0: only one rank gets the global gradient | expect: every rank
+def accumulate_and_sync(model, micro_batches) -> None:
+    K = len(micro_batches)
+    for x, y in micro_batches:
+        (F.mse_loss(model(x), y) / K).backward()
+    grads = [p.grad for p in model.parameters()]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.reduce(flat, dst=0)
+    flat /= dist.get_world_size()
+    for g, part in zip(grads, flat.split([g.numel() for g in grads])):
+        g.copy_(part.view_as(g))
+
 # %% 7.4 | concatenates the K micro-batches into one backward: one all-reduce, K× the activations | expect: one forward and backward per micro-batch
-def ddp_accumulate(ddp_model, micro_batches) -> None:
+def accumulate_and_sync(model, micro_batches) -> None:
     x, y = torch.cat([b[0] for b in micro_batches]), torch.cat([b[1] for b in micro_batches])
-    F.mse_loss(ddp_model(x), y).backward()
+    F.mse_loss(model(x), y).backward()
+    grads = [p.grad for p in model.parameters()]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    flat /= dist.get_world_size()
+    for g, part in zip(grads, flat.split([g.numel() for g in grads])):
+        g.copy_(part.view_as(g))
 
 # %% 7.5 | forgets ÷K | expect: divide each micro-loss by K
 def composed_step(model, optimizer, scheduler, micro_batches, max_norm: float):
@@ -281,6 +304,24 @@ def composed_step(model, optimizer, scheduler, micro_batches, max_norm: float):
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     return norm
+
+# %% 7.6 | no no_sync: DDP all-reduces after every micro-batch (same weights, K× the traffic) | expect: once per optimizer step
+def scaled_step(model, optimizer, scheduler, scaler, micro_batches, max_norm: float) -> bool:
+    K = len(micro_batches)
+    for x, y in micro_batches:
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = F.mse_loss(model(x), y)
+        scaler.scale(loss / K).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    before = scaler.get_scale()
+    scaler.step(optimizer)
+    scaler.update()
+    stepped = scaler.get_scale() >= before
+    if stepped:
+        scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return stepped
 
 # %% 7.6 | steps the scheduler every time, skipped or not | expect: do not step the scheduler
 def scaled_step(model, optimizer, scheduler, scaler, micro_batches, max_norm: float) -> bool:

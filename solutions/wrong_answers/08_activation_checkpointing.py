@@ -241,6 +241,25 @@ class Recompute(torch.autograd.Function):
         torch.autograd.backward(y, grad_y)
         return None, None
 
+# %% 8.4 | keeps each rebuilt block's graph on ctx until backward ends: every block's activations at once | expect: free each block's rebuilt activations
+class Recompute(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, block):
+        ctx.block = block
+        ctx.rng = rng_state(python_numpy=False)
+        ctx.save_for_backward(x)
+        return block(x)
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        (x,) = ctx.saved_tensors
+        x = x.detach().requires_grad_(True)
+        with fork_rng(), torch.enable_grad():
+            set_rng_state(ctx.rng)
+            ctx.y = ctx.block(x)  # kept "in case": ctx lives until the whole backward is done
+        torch.autograd.backward(ctx.y, grad_y, retain_graph=True)
+        return x.grad, None
+
 # %% 8.4 | delegates to torch.utils.checkpoint | expect: yourself
 class Recompute(torch.autograd.Function):
     @staticmethod

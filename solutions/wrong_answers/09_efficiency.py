@@ -160,6 +160,26 @@ def my_tiled_attention(q, k, v, block, causal=False):
         outs.append(o / l)
     return torch.cat(outs, dim=-2)
 
+# %% 9.2 | two passes over each row's tiles, all kept for the second: exact, no tile too large, but a (block × T) strip held in pieces | expect: second pass
+def my_tiled_attention(q, k, v, block, causal=False):
+    T, D = q.shape[-2], q.shape[-1]
+    outs = []
+    for i0 in range(0, T, block):
+        qi = q[..., i0:i0 + block, :] / math.sqrt(D)
+        rows = qi.shape[-2]
+        tiles = []  # pass 1 keeps every score tile of the row to find its max
+        for j0 in range(0, i0 + rows if causal else T, block):
+            s = qi @ k[..., j0:j0 + block, :].transpose(-2, -1)
+            if causal:
+                s = s.masked_fill(torch.arange(j0, j0 + s.shape[-1])[None, :] > torch.arange(i0, i0 + rows)[:, None],
+                                  -math.inf)
+            tiles.append((j0, s))
+        m = torch.stack([s.amax(dim=-1, keepdim=True) for _, s in tiles]).amax(dim=0)
+        l = sum(torch.exp(s - m).sum(dim=-1, keepdim=True) for _, s in tiles)  # pass 2: exp and sum
+        o = sum(torch.exp(s - m) @ v[..., j0:j0 + block, :] for j0, s in tiles)
+        outs.append(o / l)
+    return torch.cat(outs, dim=-2)
+
 # %% 9.3 | adds up the member kernels' traffic (fusion saves nothing) | expect: stay in registers
 def fused_traffic(graph, groups):
     total = 0
@@ -281,3 +301,187 @@ def step_split(events):
 # %% 9.4 | delegates to profiling.split_events | expect: split the events yourself
 def step_split(events):
     return profiling.split_events(events)
+
+# %% 9.5 | materialises the full P in backward (S = QKᵀ/√d for the whole sequence, then exp(S − L)) | expect: one (block × block) tile at a time
+class MyFlashAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, block, causal):
+        o, lse = attention.tiled_attention(q, k, v, block, block, causal, return_lse=True)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.causal = causal
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse = ctx.saved_tensors
+        T, scale = q.shape[-2], 1.0 / math.sqrt(q.shape[-1])
+        p = torch.exp(q @ k.transpose(-2, -1) * scale - lse)  # (B, H, T, T): exact, and the whole matrix
+        if ctx.causal:
+            p = p.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), 0.0)
+        ds = p * (do @ v.transpose(-2, -1) - (do * o).sum(-1, keepdim=True)) * scale
+        return ds @ k, ds.transpose(-2, -1) @ q, p.transpose(-2, -1) @ do, None, None
+
+# %% 9.5 | saves P's tiles in forward instead of recomputing them in backward | expect: recompute each tile of P in backward
+class MyFlashAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, block, causal):
+        o, lse = attention.tiled_attention(q, k, v, block, block, causal, return_lse=True)
+        T, scale = q.shape[-2], 1.0 / math.sqrt(q.shape[-1])
+        ctx.tiles = {}  # (i0, j0) -> P tile, kept for backward: no recomputation
+        for i0 in range(0, T, block):
+            for j0 in range(0, i0 + block if causal else T, block):
+                p = torch.exp(q[..., i0:i0 + block, :] @ k[..., j0:j0 + block, :].transpose(-2, -1) * scale
+                              - lse[..., i0:i0 + block, :])
+                if causal:
+                    p = p.masked_fill(torch.arange(j0, j0 + p.shape[-1])[None, :]
+                                      > torch.arange(i0, i0 + p.shape[-2])[:, None], 0.0)
+                ctx.tiles[i0, j0] = p
+        ctx.save_for_backward(q, k, v, o)
+        ctx.block = block
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o = ctx.saved_tensors
+        scale, b = 1.0 / math.sqrt(q.shape[-1]), ctx.block
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        delta = (do * o).sum(dim=-1, keepdim=True)
+        for (i0, j0), p in ctx.tiles.items():
+            doi = do[..., i0:i0 + b, :]
+            dv[..., j0:j0 + b, :] += p.transpose(-2, -1) @ doi
+            ds = p * (doi @ v[..., j0:j0 + b, :].transpose(-2, -1) - delta[..., i0:i0 + b, :]) * scale
+            dq[..., i0:i0 + b, :] += ds @ k[..., j0:j0 + b, :]
+            dk[..., j0:j0 + b, :] += ds.transpose(-2, -1) @ q[..., i0:i0 + b, :]
+        return dq, dk, dv, None, None
+
+# %% 9.5 | D from the tile alone (Σ over this tile's keys of P ∘ dP), not the whole row's | expect: rowsum(dO ∘ O)
+class MyFlashAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, block, causal):
+        o, lse = attention.tiled_attention(q, k, v, block, block, causal, return_lse=True)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.block, ctx.causal = block, causal
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse = ctx.saved_tensors
+        block, causal, T = ctx.block, ctx.causal, q.shape[-2]
+        scale = 1.0 / math.sqrt(q.shape[-1])
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        for j0 in range(0, T, block):
+            kj, vj = k[..., j0:j0 + block, :], v[..., j0:j0 + block, :]
+            for i0 in range(j0 if causal else 0, T, block):
+                qi, doi = q[..., i0:i0 + block, :], do[..., i0:i0 + block, :]
+                p = torch.exp(qi @ kj.transpose(-2, -1) * scale - lse[..., i0:i0 + block, :])
+                if causal:
+                    p = p.masked_fill(torch.arange(j0, j0 + p.shape[-1])[None, :]
+                                      > torch.arange(i0, i0 + p.shape[-2])[:, None], 0.0)
+                dv[..., j0:j0 + block, :] += p.transpose(-2, -1) @ doi
+                dp = doi @ vj.transpose(-2, -1)
+                ds = p * (dp - (p * dp).sum(dim=-1, keepdim=True)) * scale  # softmax's backward, of this tile only
+                dq[..., i0:i0 + block, :] += ds @ kj
+                dk[..., j0:j0 + block, :] += ds.transpose(-2, -1) @ qi
+        return dq, dk, dv, None, None
+
+# %% 9.5 | D = rowsum(dO): forgets the O in dO ∘ O | expect: rowsum(dO ∘ O)
+class MyFlashAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, block, causal):
+        o, lse = attention.tiled_attention(q, k, v, block, block, causal, return_lse=True)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.block, ctx.causal = block, causal
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse = ctx.saved_tensors
+        block, causal, T = ctx.block, ctx.causal, q.shape[-2]
+        scale = 1.0 / math.sqrt(q.shape[-1])
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        delta = do.sum(dim=-1, keepdim=True)
+        for j0 in range(0, T, block):
+            kj, vj = k[..., j0:j0 + block, :], v[..., j0:j0 + block, :]
+            for i0 in range(j0 if causal else 0, T, block):
+                qi, doi = q[..., i0:i0 + block, :], do[..., i0:i0 + block, :]
+                p = torch.exp(qi @ kj.transpose(-2, -1) * scale - lse[..., i0:i0 + block, :])
+                if causal:
+                    p = p.masked_fill(torch.arange(j0, j0 + p.shape[-1])[None, :]
+                                      > torch.arange(i0, i0 + p.shape[-2])[:, None], 0.0)
+                dv[..., j0:j0 + block, :] += p.transpose(-2, -1) @ doi
+                ds = p * (doi @ vj.transpose(-2, -1) - delta[..., i0:i0 + block, :]) * scale
+                dq[..., i0:i0 + block, :] += ds @ kj
+                dk[..., j0:j0 + block, :] += ds.transpose(-2, -1) @ qi
+        return dq, dk, dv, None, None
+
+# %% 9.5 | skips the tiles above the diagonal but forgets the causal mask inside the diagonal tiles | expect: mask the future in backward
+class MyFlashAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, block, causal):
+        o, lse = attention.tiled_attention(q, k, v, block, block, causal, return_lse=True)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.block, ctx.causal = block, causal
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse = ctx.saved_tensors
+        block, causal, T = ctx.block, ctx.causal, q.shape[-2]
+        scale = 1.0 / math.sqrt(q.shape[-1])
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        delta = (do * o).sum(dim=-1, keepdim=True)
+        for j0 in range(0, T, block):
+            kj, vj = k[..., j0:j0 + block, :], v[..., j0:j0 + block, :]
+            for i0 in range(j0 if causal else 0, T, block):
+                qi, doi = q[..., i0:i0 + block, :], do[..., i0:i0 + block, :]
+                p = torch.exp(qi @ kj.transpose(-2, -1) * scale - lse[..., i0:i0 + block, :])  # no mask
+                dv[..., j0:j0 + block, :] += p.transpose(-2, -1) @ doi
+                ds = p * (doi @ vj.transpose(-2, -1) - delta[..., i0:i0 + block, :]) * scale
+                dq[..., i0:i0 + block, :] += ds @ kj
+                dk[..., j0:j0 + block, :] += ds.transpose(-2, -1) @ qi
+        return dq, dk, dv, None, None
+
+# %% 9.5 | two passes in backward, every P tile of the sequence kept from the first for the second | expect: keeping every tile of P
+class MyFlashAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, block, causal):
+        o, lse = attention.tiled_attention(q, k, v, block, block, causal, return_lse=True)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.block, ctx.causal = block, causal
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse = ctx.saved_tensors
+        b, T, scale = ctx.block, q.shape[-2], 1.0 / math.sqrt(q.shape[-1])
+        tiles = {}  # pass 1: every tile of P, recomputed, kept
+        for i0 in range(0, T, b):
+            for j0 in range(0, i0 + b if ctx.causal else T, b):
+                p = torch.exp(q[..., i0:i0 + b, :] @ k[..., j0:j0 + b, :].transpose(-2, -1) * scale - lse[..., i0:i0 + b, :])
+                if ctx.causal:
+                    p = p.masked_fill(torch.arange(j0, j0 + p.shape[-1])[None, :]
+                                      > torch.arange(i0, i0 + p.shape[-2])[:, None], 0.0)
+                tiles[i0, j0] = p
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        delta = (do * o).sum(dim=-1, keepdim=True)
+        for (i0, j0), p in tiles.items():  # pass 2: the gradients
+            doi = do[..., i0:i0 + b, :]
+            dv[..., j0:j0 + b, :] += p.transpose(-2, -1) @ doi
+            ds = p * (doi @ v[..., j0:j0 + b, :].transpose(-2, -1) - delta[..., i0:i0 + b, :]) * scale
+            dq[..., i0:i0 + b, :] += ds @ k[..., j0:j0 + b, :]
+            dk[..., j0:j0 + b, :] += ds.transpose(-2, -1) @ q[..., i0:i0 + b, :]
+        return dq, dk, dv, None, None
+
+# %% 9.5 | delegates to the course's flash_backward | expect: write the backward yourself
+class MyFlashAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, block, causal):
+        o, lse = attention.tiled_attention(q, k, v, block, block, causal, return_lse=True)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.block, ctx.causal = block, causal
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse = ctx.saved_tensors
+        return (*flash_backward.flash_backward(q, k, v, o, lse, do, ctx.block, ctx.block, ctx.causal), None, None)
