@@ -29,7 +29,7 @@ from m11_helpers.validate import one_of, positive_int
 
 __all__ = ["TickOp", "replay", "idle_ticks", "busy_ticks", "bubble_ticks", "bubble_fraction", "FORMULAS", "WHEN",
            "schedule_table", "TABLE_HEADER",
-           "tick_rows", "in_flight", "zb_h1_order"]
+           "tick_rows", "in_flight", "zb_h1_order", "plot_ticks"]
 
 FORMULAS = {
     "1f1b": "(p−1)(F+B+W)",
@@ -165,6 +165,32 @@ def tick_rows(ops: list[TickOp]) -> list[list[str]]:
                 row[t] = label
         rows.append([f"device {d}"] + row)
     return rows
+
+
+_COLOURS = {"F": "#4c72b0", "B": "#55a868", "W": "#dd8452", "BW": "#2e6b3f"}  # forward, input grad, weight grad, both
+
+
+def plot_ticks(ops: list[TickOp], ax=None, title: str = ""):
+    """A Gantt chart of a replay: one row per device, F blue, B green, W orange, BW dark green; the micro-batch inside.
+
+    The second chunk of a two-chunk device is drawn lighter, so a V or a loop reads at a glance.
+    """
+    import matplotlib.pyplot as plt
+
+    devices = sorted({o.device for o in ops})
+    if ax is None:
+        _, ax = plt.subplots(figsize=(9, 0.5 + 0.45 * len(devices)))
+    first = {d: min(o.stage for o in ops if o.device == d) for d in devices}
+    for o in ops:
+        ax.barh(o.device, o.end - o.start, left=o.start, height=0.8, color=_COLOURS[o.kind],
+                alpha=1.0 if o.stage == first[o.device] else 0.55, edgecolor="white", linewidth=0.5)
+        ax.text((o.start + o.end) / 2, o.device, str(o.micro), ha="center", va="center", fontsize=7)
+    ax.set_yticks(devices)
+    ax.set_yticklabels([f"device {d}" for d in devices])
+    ax.invert_yaxis()
+    ax.set_xlabel("ticks (F = B = W = 1 per layer)")
+    ax.set_title(title or f"bubble {bubble_fraction(ops):.1%}")
+    return ax
 
 
 WHEN = {

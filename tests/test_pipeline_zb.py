@@ -20,6 +20,7 @@ from m11_helpers.pipeline_ticks import (
     bubble_ticks,
     idle_ticks,
     in_flight,
+    plot_ticks,
     replay,
     schedule_table,
     tick_rows,
@@ -87,6 +88,11 @@ def test_replay_and_formulas_pure():
     ops = replay(orders, 2)
     assert set(idle_ticks(ops).values()) == {18} and bubble_fraction(ops) == pytest.approx(3 / 11)
     assert len(tick_rows(ops)) == 4 and len(tick_rows(ops)[0]) == 1 + max(o.end for o in ops)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    ax = plot_ticks(replay(zb_h1_order(4, 8), 1))
+    assert len(ax.patches) == 3 * 4 * 8 and ax.get_title() == "bubble 11.1%"  # one bar per F, B, W; 6 of 54 ticks
     h1 = zb_h1_order(4, 16)
     assert set(idle_ticks(replay(h1, 2)).values()) == {6}  # ZB-H1's bubble does not grow with m
     one_late = [o[:] for o in h1]
@@ -103,6 +109,19 @@ def test_replay_and_formulas_pure():
             bad_call()
     with pytest.raises(ValueError, match="schedule"):
         run_schedules(["zb2p"])  # checked before any collective
+
+
+def _zb_orders(ms):
+    return [run_schedules(["zb1p"], m, layers=3)[0]["order"] for m in ms]
+
+
+def test_zb_h1_order_is_torchs_on_3_ranks():
+    # Exercise 4.6 grades other sizes against zb_h1_order: it is what torch executes there too (m=6: 2 rounds)
+    per_rank = launch(_zb_orders, [3, 5, 6], num_processes=3, timeout=120)
+    for k, m in enumerate((3, 5, 6)):
+        orders = [per_rank[d][k] for d in range(3)]
+        assert orders == zb_h1_order(3, m), m
+        assert set(idle_ticks(replay(orders, 1)).values()) == {bubble_ticks("zb1p", 3, 3, chunks=1)} == {2}
 
 
 def test_split_backward_equals_fused():

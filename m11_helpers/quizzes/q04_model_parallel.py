@@ -4,7 +4,9 @@ from m11_helpers.comm_model import HGX_H100, group_link
 from m11_helpers.config import RUNNING_EXAMPLE
 from m11_helpers.hardware_specs import chip
 from m11_helpers.overlap import tp_overlap
-from m11_helpers.pipeline import bubble_fraction
+from m11_helpers.pipeline import bubble_fraction, schedule_order
+from m11_helpers.pipeline_ticks import bubble_fraction as tick_bubble
+from m11_helpers.pipeline_ticks import bubble_ticks, in_flight, replay, zb_h1_order
 from m11_helpers.quiz import Question
 
 _P, _M = 8, 24  # the lesson runs 4 stages × 8 micro-batches; this quiz, 8 × 24
@@ -20,6 +22,13 @@ def _tp_ms(link) -> float:
 _TP = {"nvlink": _tp_ms(HGX_H100.intra), "4 rails": _tp_ms(group_link(HGX_H100, 4)),
        "1 rail": _tp_ms(group_link(HGX_H100, 1))}
 _NIC = group_link(HGX_H100, 4).gbs_per_direction
+
+# The lesson replays 4 devices × 8 micro-batches; this quiz, 12 × 24, one layer per stage (F = B = W = 1 tick)
+_ZP, _ZM = 12, 24
+_ONE = replay([[("F" if k == "F" else "BW", s, i) for k, i, _ in order]
+               for s, order in enumerate(schedule_order(_ZP, _ZM, "1f1b"))])
+_ZB = replay(zb_h1_order(_ZP, _ZM))
+_HELD_1F1B, _HELD_ZB = in_flight(_ONE)[_ZP - 1], in_flight(_ZB)[_ZP - 1]  # the last device's micro-batches in flight
 
 QUESTIONS = [
     Question(f"An {_P}-stage pipeline runs {_M} micro-batches with GPipe. You switch it to 1F1B. What happens to "
@@ -86,4 +95,22 @@ QUESTIONS = [
               "Right (Narayanan et al. 2021, §3, Takeaways #1–#2; Megatron's rank order puts TP ranks adjacent).",
               "Data parallelism sends the least, once per step: it is the outer level.",
               "The lesson computed a 3× (two nodes of four GPUs) to 10× (one rank per node) gap per layer."]),
+    Question(f"A {_ZP}-stage pipeline (one layer per stage, F = B = W) runs {_ZM} micro-batches with 1F1B. You switch to "
+             "ZB-H1 (torch's ScheduleInterleavedZeroBubble, one stage per device). What happens to the bubble and to "
+             "the last stage's activations?",
+             [f"Bubble {tick_bubble(_ONE):.1%} → 0 %: the W's fill every gap",
+              f"Bubble unchanged ({tick_bubble(_ONE):.1%}): B + W is the same backward, only cut in two",
+              f"Bubble {tick_bubble(_ONE):.1%} → {tick_bubble(_ZB):.1%}; the last stage holds {_HELD_ZB} micro-batches' "
+              f"activations instead of {_HELD_1F1B}",
+              f"Bubble {tick_bubble(_ONE):.1%} → {tick_bubble(_ZB):.1%}; activations unchanged"], 2,
+             ["Zero needs the V placement (ZB-V), and even then the fill stays: ZB-H1 keeps (p−1)(F+B−W) per device.",
+              "Splitting is what lets W move: nothing waits for W, so it runs where the device would idle.",
+              f"Right: idle per device (p−1)(F+B+W) = {bubble_ticks('1f1b', _ZP, _ZP, chunks=1):g} ticks → "
+              f"(p−1)(F+B−W) = {bubble_ticks('zb1p', _ZP, _ZP, chunks=1):g} (Qi et al. 2024, §2.1), in a step of "
+              f"{max(o.end for o in _ONE)} → {max(o.end for o in _ZB)} ticks. Device s holds back s W's to fill its "
+              f"drain, and a W needs its micro-batch's activations: every device now holds {_HELD_ZB} in flight, "
+              f"where 1F1B's last stage held {_HELD_1F1B}.",
+              "A held-back W keeps its micro-batch's activations (W needs the layer's input): the bubble is paid for "
+              "in memory, most on the later stages."],
+             transfer=True),
 ]

@@ -749,3 +749,266 @@ from m11_helpers.planner import megatron_rule
 def choose_3d(cfg, cluster, gpus, global_batch):
     p = megatron_rule(cfg, cluster, gpus, global_batch)
     return None if p is None else (p.dp, p.tp, p.pp)
+
+# %% 4.5 | W computed inside B and stashed for later (values right, bubble not filled) | expect: B computed weight gradients
+class BWSplit:
+    def __init__(self, layer, x):
+        self.params = [p for p in layer.parameters() if p.requires_grad]
+        self.x = x.detach().requires_grad_(True)
+        self.y = layer(self.x)
+
+    def backward_input(self, grad_out):
+        gx, *self.stash = torch.autograd.grad(self.y, [self.x, *self.params], grad_out)  # "W now, apply later"
+        return gx
+
+    def backward_weight(self):
+        for p, g in zip(self.params, self.stash):
+            p.grad = g if p.grad is None else p.grad + g
+
+# %% 4.5 | B runs the fused y.backward() and returns x.grad | expect: .grad
+class BWSplit:
+    def __init__(self, layer, x):
+        self.layer = layer
+        self.x = x.detach().requires_grad_(True)
+        self.y = layer(self.x)
+
+    def backward_input(self, grad_out):
+        self.y.backward(grad_out)  # every gradient at once: W is already done
+        return self.x.grad
+
+    def backward_weight(self):
+        pass  # nothing left to do
+
+# %% 4.5 | B frees the graph (no retain_graph): W cannot walk it | expect: retain_graph
+class BWSplit:
+    def __init__(self, layer, x):
+        self.params = [p for p in layer.parameters() if p.requires_grad]
+        self.x = x.detach().requires_grad_(True)
+        self.y = layer(self.x)
+
+    def backward_input(self, grad_out):
+        self.grad_out = grad_out
+        (gx,) = torch.autograd.grad(self.y, self.x, grad_out)
+        return gx
+
+    def backward_weight(self):
+        grads = torch.autograd.grad(self.y, self.params, self.grad_out)
+        for p, g in zip(self.params, grads):
+            p.grad = g if p.grad is None else p.grad + g
+
+# %% 4.5 | W re-runs the forward instead of keeping the graph | expect: forward again
+class BWSplit:
+    def __init__(self, layer, x):
+        self.layer, self.params = layer, [p for p in layer.parameters() if p.requires_grad]
+        self.x = x.detach().requires_grad_(True)
+        self.y = layer(self.x)
+
+    def backward_input(self, grad_out):
+        self.grad_out = grad_out
+        (gx,) = torch.autograd.grad(self.y, self.x, grad_out)
+        return gx
+
+    def backward_weight(self):
+        y = self.layer(self.x.detach())  # a fresh graph: "cheaper than keeping the old one"
+        grads = torch.autograd.grad(y, self.params, self.grad_out)
+        for p, g in zip(self.params, grads):
+            p.grad = g if p.grad is None else p.grad + g
+
+# %% 4.5 | W overwrites p.grad: the micro-batches do not add up | expect: accumulate
+class BWSplit:
+    def __init__(self, layer, x):
+        self.params = [p for p in layer.parameters() if p.requires_grad]
+        self.x = x.detach().requires_grad_(True)
+        self.y = layer(self.x)
+
+    def backward_input(self, grad_out):
+        self.grad_out = grad_out
+        (gx,) = torch.autograd.grad(self.y, self.x, grad_out, retain_graph=True)
+        return gx
+
+    def backward_weight(self):
+        grads = torch.autograd.grad(self.y, self.params, self.grad_out)
+        for p, g in zip(self.params, grads):
+            p.grad = g
+
+# %% 4.5 | the received input detached but not made to require grad | expect: leaf that requires grad
+class BWSplit:
+    def __init__(self, layer, x):
+        self.params = [p for p in layer.parameters() if p.requires_grad]
+        self.x = x.detach()  # cut from the previous stage... and from the gradient B must return
+        self.y = layer(self.x)
+
+    def backward_input(self, grad_out):
+        self.grad_out = grad_out
+        (gx,) = torch.autograd.grad(self.y, self.x, grad_out, retain_graph=True)
+        return gx
+
+    def backward_weight(self):
+        grads = torch.autograd.grad(self.y, self.params, self.grad_out)
+        for p, g in zip(self.params, grads):
+            p.grad = g if p.grad is None else p.grad + g
+
+# %% 4.5 | W runs the whole backward again (y.backward): recomputes ∂x | expect: recomputed ∂x
+class BWSplit:
+    def __init__(self, layer, x):
+        self.x = x.detach().requires_grad_(True)
+        self.y = layer(self.x)
+
+    def backward_input(self, grad_out):
+        self.grad_out = grad_out
+        (gx,) = torch.autograd.grad(self.y, self.x, grad_out, retain_graph=True)
+        return gx
+
+    def backward_weight(self):
+        self.y.backward(self.grad_out)  # fills (and adds to) every .grad, the input's too
+
+# %% 4.5 | delegates to the course's SplitBackward | expect: split the backward yourself
+from m11_helpers.backward_split import SplitBackward
+
+
+class BWSplit:
+    def __init__(self, layer, x):
+        self.split, self.layer = SplitBackward(layer, x), layer
+
+    def backward_input(self, grad_out):
+        return self.split.backward_input(grad_out)
+
+    def backward_weight(self):
+        for n, g in self.split.backward_weight().items():
+            p = self.layer.get_parameter(n)
+            p.grad = g if p.grad is None else p.grad + g
+
+# %% 4.6 | 1F1B's order with the backward split: W right after each B | expect: holds back too few
+def zb_h1(p, m):
+    orders = []
+    for s in range(p):
+        warm = min(p - s, m)
+        seq, fwd, bwd = ["F"] * warm, warm, 0
+        while fwd < m:
+            seq, fwd, bwd = seq + ["B", "W", "F"], fwd + 1, bwd + 1
+        seq += ["B", "W"] * (m - bwd)
+        count, order = {"F": 0, "B": 0, "W": 0}, []
+        for k in seq:
+            order.append((k, count[k]))
+            count[k] += 1
+        orders.append(order)
+    return _asap(orders, p)
+
+
+def _asap(orders, p):
+    done, free, pos, table = {}, [0] * p, [0] * p, {}
+    while any(pos[s] < len(orders[s]) for s in range(p)):
+        for s in range(p):
+            if pos[s] == len(orders[s]):
+                continue
+            kind, i = orders[s][pos[s]]
+            dep = {"F": ("F", s - 1, i) if s else None, "W": ("B", s, i),
+                   "B": ("B", s + 1, i) if s < p - 1 else ("F", s, i)}[kind]
+            if dep is not None and dep not in done:
+                continue
+            tick = max(free[s], done[dep] if dep else 0)
+            table[(tick, s)] = f"{kind}{i}"
+            done[(kind, s, i)] = free[s] = tick + 1
+            pos[s] += 1
+    return table
+
+# %% 4.6 | every W deferred to the end of the step | expect: holds back too many
+def zb_h1(p, m):
+    orders = []
+    for s in range(p):
+        warm = min(p - s, m)
+        seq, fwd, bwd = ["F"] * warm, warm, 0
+        while fwd < m:
+            seq, fwd, bwd = seq + ["B", "F"], fwd + 1, bwd + 1
+        seq += ["B"] * (m - bwd) + ["W"] * m  # "W has no consumer: put them all last"
+        count, order = {"F": 0, "B": 0, "W": 0}, []
+        for k in seq:
+            order.append((k, count[k]))
+            count[k] += 1
+        orders.append(order)
+    return _asap(orders, p)
+
+
+def _asap(orders, p):
+    done, free, pos, table = {}, [0] * p, [0] * p, {}
+    while any(pos[s] < len(orders[s]) for s in range(p)):
+        for s in range(p):
+            if pos[s] == len(orders[s]):
+                continue
+            kind, i = orders[s][pos[s]]
+            dep = {"F": ("F", s - 1, i) if s else None, "W": ("B", s, i),
+                   "B": ("B", s + 1, i) if s < p - 1 else ("F", s, i)}[kind]
+            if dep is not None and dep not in done:
+                continue
+            tick = max(free[s], done[dep] if dep else 0)
+            table[(tick, s)] = f"{kind}{i}"
+            done[(kind, s, i)] = free[s] = tick + 1
+            pos[s] += 1
+    return table
+
+# %% 4.6 | 1F1B's warm-up (p − s − 1 forwards) | expect: warm-up
+def zb_h1(p, m):
+    orders = []
+    for s in range(p):
+        warm = min(p - s - 1, m)
+        seq, fwd, bwd = ["F"] * warm, warm, 0
+        for _ in range(s):
+            if bwd < fwd:
+                seq, bwd = seq + ["B"], bwd + 1
+            if fwd < m:
+                seq, fwd = seq + ["F"], fwd + 1
+        while fwd < m:
+            seq, fwd, bwd = seq + ["B", "W", "F"], fwd + 1, bwd + 1
+        seq += ["B", "W"] * (m - bwd)
+        seq += ["W"] * (m - seq.count("W"))
+        count, order = {"F": 0, "B": 0, "W": 0}, []
+        for k in seq:
+            order.append((k, count[k]))
+            count[k] += 1
+        orders.append(order)
+    return _asap(orders, p)
+
+
+def _asap(orders, p):
+    done, free, pos, table = {}, [0] * p, [0] * p, {}
+    while any(pos[s] < len(orders[s]) for s in range(p)):
+        for s in range(p):
+            if pos[s] == len(orders[s]):
+                continue
+            kind, i = orders[s][pos[s]]
+            dep = {"F": ("F", s - 1, i) if s else None, "W": ("B", s, i),
+                   "B": ("B", s + 1, i) if s < p - 1 else ("F", s, i)}[kind]
+            if dep is not None and dep not in done:
+                continue
+            tick = max(free[s], done[dep] if dep else 0)
+            table[(tick, s)] = f"{kind}{i}"
+            done[(kind, s, i)] = free[s] = tick + 1
+            pos[s] += 1
+    return table
+
+# %% 4.6 | right order, each op one tick after the previous one on its device (no waiting for inputs) | expect: after its input
+def zb_h1(p, m):
+    table = {}
+    for s in range(p):
+        warm = min(p - s, m)
+        seq, fwd, bwd = ["F"] * warm, warm, 0
+        for _ in range(s):
+            if bwd < fwd:
+                seq, bwd = seq + ["B"], bwd + 1
+            if fwd < m:
+                seq, fwd = seq + ["F"], fwd + 1
+        while fwd < m:
+            seq, fwd, bwd = seq + ["B", "W", "F"], fwd + 1, bwd + 1
+        seq += ["B", "W"] * (m - bwd)
+        seq += ["W"] * (m - seq.count("W"))
+        count = {"F": 0, "B": 0, "W": 0}
+        for t, k in enumerate(seq):
+            table[(t, s)] = f"{k}{count[k]}"
+            count[k] += 1
+    return table
+
+# %% 4.6 | delegates to the course's zb_h1_order and replay | expect: write the schedule yourself
+def zb_h1(p, m):
+    from m11_helpers.pipeline_ticks import replay, zb_h1_order
+
+    return {(o.start, o.device): f"{o.kind}{o.micro}" for o in replay(zb_h1_order(p, m), 1)}
