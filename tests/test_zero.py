@@ -170,9 +170,17 @@ def test_adamw_update_is_bitwise_torch_adamw():
     assert torch.equal(p.detach(), q)
 
 
-def test_sharded_adamw_bitwise_equal_on_2_processes_and_state_is_the_formula():
-    out = launch(compare_with_adamw, steps=2, num_processes=2, show_output=False)
-    for r in out:
+def _both_optimizers():  # one 2-rank launch for ours and torch's ZeroRedundancyOptimizer (each launch costs seconds)
+    return compare_with_adamw(steps=2), zero_redundancy_report(steps=1)
+
+
+@pytest.fixture(scope="module")
+def two_ranks():
+    return launch(_both_optimizers, num_processes=2, show_output=False)
+
+
+def test_sharded_adamw_bitwise_equal_on_2_processes_and_state_is_the_formula(two_ranks):
+    for r, _ in two_ranks:
         assert r["bitwise_equal"] and torch.equal(r["exp_avg"], r["ref_exp_avg"])
         assert r["state_bytes"] == model_state_bytes(param_count(TINY_GPT), "fp32", 2, 1)["optimizer"] \
             == r["adamw_state_bytes"] // 2
@@ -192,8 +200,8 @@ def test_sharded_adamw_saved_on_4_resumes_on_2_bitwise_as_adamw(tmp_path):
     assert resumed[0]["step"] == 4
 
 
-def test_zero_redundancy_optimizer_equals_adamw_and_splits_state():
-    out = launch(zero_redundancy_report, steps=1, num_processes=2, show_output=False)
+def test_zero_redundancy_optimizer_equals_adamw_and_splits_state(two_ranks):
+    out = [r for _, r in two_ranks]
     assert all(r["bitwise_equal"] for r in out)
     assert sum(r["params_on_rank"] for r in out) == param_count(TINY_GPT)
     assert sum(r["state_bytes"] for r in out) == 8 * param_count(TINY_GPT)
