@@ -113,7 +113,7 @@ class GatherWatch:
 
 
 @contextlib.contextmanager
-def watch_gathers(settle_to: int = 1, settle_s: float = 0.3) -> Iterator[GatherWatch]:
+def watch_gathers(settle_to: int = 1, settle_s: float = 1.0) -> Iterator[GatherWatch]:
     """Record this thread's all-gathers (dtype, async, handle waits, buffers alive) and reduce-scatters."""
     gathers, scatters = _codes(_GATHERS), _codes(_SCATTERS)
     w, depth = GatherWatch(settle_to, settle_s), [0]
