@@ -193,6 +193,7 @@ def run_prefetch(configs: list[tuple[int, str]], seed: int = 0) -> list[dict]:
     prefetch depth reached, the most layers whole at once, and the tensor bytes alive at the peak of
     forward and of backward (`m11_helpers.live_memory`).
     """
+    from m11_helpers.gather_watch import watch_gathers
     from m11_helpers.launch import rank_device
     from m11_helpers.live_memory import track_live_bytes
 
@@ -203,9 +204,11 @@ def run_prefetch(configs: list[tuple[int, str]], seed: int = 0) -> list[dict]:
         net = PrefetchFSDP(layers, prefetch, dtype)
         x, y = batch()
         x, y = x[net.rank::net.world].to(device), y[net.rank::net.world].to(device)  # (n/N, in), (n/N, out): this rank's rows
-        with track_live_bytes() as mem:
+        with torch.autograd.set_multithreading_enabled(False), watch_gathers(1 + prefetch) as w, \
+                track_live_bytes() as mem:  # backward in this thread, where the watch is (a GPU's runs in another)
             loss = net(x, y)
             mem.phase("backward")
+            w.phase("backward")
             loss.backward()
         grads = []
         for i, shard in enumerate(net.shards):
@@ -220,5 +223,8 @@ def run_prefetch(configs: list[tuple[int, str]], seed: int = 0) -> list[dict]:
                     "peak_full_layers": net.peak_full_layers, "ready_at_wait": list(net.ready_at_wait),
                     "forward_peak": mem.peaks["start"],
                     "backward_peak": mem.peaks["backward"],
-                    "layer_bytes": [p * net.dtype.itemsize for p in net.padded]})
+                    "layer_bytes": [p * net.dtype.itemsize for p in net.padded],
+                    "watched": {"ahead": (w.max_in_flight("forward"), w.max_in_flight("backward")),
+                                "alive": w.max_alive(), "gathers": w.gathers(), "sync": w.sync_gathers,
+                                "unwaited": w.unwaited, "dtypes": (w.dtypes("all_gather"), w.dtypes("reduce_scatter"))}})
     return out

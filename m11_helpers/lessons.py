@@ -63,7 +63,8 @@ LESSONS: tuple[Lesson, ...] = (
     _l("03_data_parallel", "data_parallel ddp_overlap", "data_parallel"),
     _l("04_model_parallel", "pipeline pipeline_run pipeline_comm tensor_parallel tensor_parallel_run planner overlap "
        "pipeline_zb pipeline_ticks backward_split", "pipeline tensor_parallel planner overlap pipeline_zb"),
-    _l("05_zero_fsdp", "zero zero_lab zero_optimizer fsdp live_memory fsdp_prefetch fsdp2_knobs sharded_muon",
+    _l("05_zero_fsdp", "zero zero_lab zero_optimizer zero_resume fsdp live_memory fsdp_prefetch fsdp2_knobs sharded_muon "
+       "gather_watch",
        "zero fsdp fsdp_prefetch fsdp2_knobs sharded_muon"),
     _l("06_mixed_precision", "number_formats loss_scaling master_weights autocast_ops held_memory precision_speed "
        "clipping nan_hunter fp8_scaling fp8_lab", "mixed_precision loss_scaling clipping fp8_scaling"),

@@ -2,6 +2,8 @@
 
     opt = ShardedAdamW(model.parameters(), lr=1e-3)   # inside a rank started by launch()
     loss.backward(); opt.step(); opt.zero_grad()      # no DDP wrapper: step() syncs the gradients
+    torch.save(opt.state_dict(), f"rank{r}.pt")       # each rank its shard; any world size can load them
+    opt.load_state_dict([torch.load(f) for f in files])   # m11_helpers.zero_resume reads only the overlapping ones
 
 The parameters are viewed as one flat vector of Ψ elements, padded to N·⌈Ψ/N⌉; rank r owns
 elements [r·S, (r+1)·S) with S = ⌈Ψ/N⌉ (Rajbhandari et al. 2020, §5.1 "P_os"). A step is
@@ -78,6 +80,51 @@ class ShardedAdamW:
         """Bytes of optimizer state this rank holds (measured from the tensors, not computed)."""
         tensors = [self.exp_avg, self.exp_avg_sq] + ([self.master] if self.master is not None else [])
         return sum(t.numel() * t.element_size() for t in tensors)
+
+    def state_dict(self) -> dict:
+        """This rank's shard of the state, placed by its offset in the flat vector (each rank saves its own).
+
+        The padding past Ψ is not state; `start` and the hyperparameters let `load_state_dict` cut the
+        same vector differently on another world size (resharding: AdamW is element-wise, so any cut works).
+        """
+        start = self.rank * self.shard_size
+        keep = max(0, min(self.shard_size, self.numel - start))  # the last slices end in padding
+        tensors = {"exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq}
+        if self.master is not None:
+            tensors["master"] = self.master
+        return {"step": self.step_count, "numel": self.numel, "start": start, "world_size": self.world_size,
+                "lr": self.lr, "betas": self.betas, "eps": self.eps, "weight_decay": self.weight_decay,
+                "state": {k: t[:keep].detach().clone() for k, t in tensors.items()}}
+
+    def load_state_dict(self, shards: dict | list[dict]) -> None:
+        """Restore from one saved shard (same world size) or from saved shards of any world size covering my slice."""
+        shards = [shards] if isinstance(shards, dict) else list(shards)
+        if not shards:
+            raise ValueError("shards must hold at least one state_dict()")
+        for sd in shards:
+            if sd["numel"] != self.numel:
+                raise ValueError(f"shards hold state for {sd['numel']} elements, these parameters have {self.numel}")
+        if len({sd["step"] for sd in shards}) != 1:
+            raise ValueError(f"shards come from different steps: {sorted({sd['step'] for sd in shards})}")
+        if any(("master" in sd["state"]) != (self.master is not None) for sd in shards):
+            raise ValueError("shards and optimizer disagree on the fp32 master copy (a 16-bit model has one)")
+        lo = self.rank * self.shard_size
+        hi = min(lo + self.shard_size, self.numel)  # my slice, without padding
+        covered = 0
+        for sd in shards:
+            a = max(lo, sd["start"])
+            b = min(hi, sd["start"] + sd["state"]["exp_avg"].numel())
+            if a >= b:
+                continue  # a saved slice beside mine
+            covered += b - a
+            for name, t in sd["state"].items():
+                getattr(self, name)[a - lo:b - lo].copy_(t[a - sd["start"]:b - sd["start"]])
+        if covered != max(0, hi - lo):
+            raise ValueError(f"shards cover {covered} of the {max(0, hi - lo)} elements of rank {self.rank}'s "
+                             "slice: pass every saved shard that overlaps it")
+        self.step_count = shards[0]["step"]
+        self.lr, self.betas, self.eps, self.weight_decay = (shards[0][k] for k in ("lr", "betas", "eps",
+                                                                                    "weight_decay"))
 
     def zero_grad(self) -> None:
         for p in self.params:

@@ -1,5 +1,5 @@
 """FSDP2 on a CPU mesh: Ψ/N per rank measured, gradients equal DDP's, 2Ψ vs 3Ψ counted, one block at a time
-measured (live_memory); Accelerate's CPU fallback."""
+measured (live_memory); Accelerate's CPU fallback. (Ψ/4 on 4 ranks: tests/test_fsdp2_knobs.py's launch.)"""
 
 import pytest
 import torch
@@ -13,25 +13,23 @@ from m11_helpers.models import mlp
 PSI = param_count(TINY_GPT)
 
 
-def _both_modes():
-    return [fsdp_step_report(True), fsdp_step_report(False)]
+def _both_modes_and_memory():  # one launch for the traffic and the memory tests (each launch costs seconds)
+    return [fsdp_step_report(True), fsdp_step_report(False), fsdp_memory_report()]
 
 
-def test_fully_shard_on_2_processes_shards_and_counts_traffic():
-    out = launch(_both_modes, num_processes=2, show_output=False)
-    for zero3, zero2 in out:
+@pytest.fixture(scope="module")
+def two_ranks():
+    return launch(_both_modes_and_memory, num_processes=2, show_output=False)
+
+
+def test_fully_shard_on_2_processes_shards_and_counts_traffic(two_ranks):
+    for zero3, zero2, _ in two_ranks:
         for r in (zero3, zero2):
             assert r["num_params"] == PSI and r["local_params"] == PSI // 2  # Ψ/N exactly
             assert r["max_grad_diff_vs_ddp"] <= 1e-6
             assert r["reduce_scatter"] == PSI
         assert zero3["all_gather"] == 2 * PSI  # forward + backward: 3Ψ with the reduce-scatter
         assert zero2["all_gather"] == PSI  # kept after forward: 2Ψ
-
-
-def test_fully_shard_on_4_processes():
-    out = launch(fsdp_step_report, True, num_processes=4, show_output=False)
-    assert [r["local_params"] for r in out] == [PSI // 4] * 4
-    assert all(r["max_grad_diff_vs_ddp"] <= 1e-6 for r in out)
 
 
 def test_accelerate_fsdp_on_cpu_falls_back_to_ddp():
@@ -95,9 +93,8 @@ def test_live_bytes_follow_storages_not_tensors():
     assert mem.now() == mem.peak == 4 * 1000  # the views cost nothing, each 4-byte sum died at once
 
 
-def test_fsdp2_frees_each_block_after_its_forward_unless_told_not_to():
-    out = launch(fsdp_memory_report, num_processes=2, show_output=False)
-    for r in out:
+def test_fsdp2_frees_each_block_after_its_forward_unless_told_not_to(two_ranks):
+    for *_, r in two_ranks:
         block, base = r["block_bytes"], r["unsharded"]["after forward"]
         kept = {case: (r[f"reshard_after_forward={case}"]["after forward"] - base) / block for case in (True, False)}
         assert round(kept[True]) == 0  # ZeRO-3: nothing gathered outlives its block's forward

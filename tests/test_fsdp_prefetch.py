@@ -1,10 +1,13 @@
 """FSDP by hand with prefetch on 4 real ranks: equal to one process, gathers issued ahead and waited just in time,
 bf16 on the wire before the gather, fp32 reduce-scatter, and the memory prefetching costs."""
 
+import sys
+
 import pytest
 import torch
 
 from m11_helpers.fsdp_prefetch import PrefetchFSDP, batch, make_layers, reference_grads, run_prefetch, shard_numel
+from m11_helpers.gather_watch import watch_gathers
 from m11_helpers.launch import launch
 
 CONFIGS = [(0, "float32"), (2, "float32"), (2, "bfloat16"), (1, "bfloat16")]
@@ -46,6 +49,10 @@ def test_prefetch_order_depth_and_wire(runs):
         wire = {kind: {d for kd, _, d in r["wire"] if kd == kind} for kind in ("all_gather", "reduce_scatter")}
         assert wire["all_gather"] == {torch.float32 if r["dtype"] == "float32" else torch.bfloat16}
         assert wire["reduce_scatter"] == {torch.float32}
+        # gather_watch (what exercise 5.4's check sees, from outside the code) reads the same as the module's own log
+        seen = r["watched"]
+        assert seen["ahead"] == (k, k) and seen["alive"] == 1 + k and seen["gathers"] == 8
+        assert seen["sync"] == seen["unwaited"] == 0 and seen["dtypes"] == (wire["all_gather"], {torch.float32})
 
 
 def test_memory_prefetch_costs_and_bf16_saves(runs):
@@ -64,3 +71,16 @@ def test_bad_input():
         PrefetchFSDP(make_layers(), prefetch=1, compute_dtype="float8")
     with pytest.raises(ValueError, match="layers"):
         PrefetchFSDP([], prefetch=1)
+
+
+def test_watch_chains_and_restores_the_profiler_it_found():
+    calls = []
+    outer = lambda frame, event, arg: calls.append(event)  # noqa: E731 - a profiler already installed (forbid, a debugger)
+    sys.setprofile(outer)
+    try:
+        with watch_gathers() as w:
+            torch.zeros(2).sum()
+        assert sys.getprofile() is outer and calls  # the outer profiler kept seeing calls inside the block
+    finally:
+        sys.setprofile(None)
+    assert w.gathers() == w.max_in_flight() == w.unwaited == 0 and w.dtypes("reduce_scatter") == set()

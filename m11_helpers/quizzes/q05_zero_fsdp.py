@@ -12,6 +12,8 @@ _W = bytes_per_param("deepspeed")["weights"] * _P / GB  # bf16 weights, replicat
 _Z3_16 = model_state_bytes(_P, "deepspeed", 16, 3)["total"] / GB  # what ZeRO-3 would hold
 _100B = 100_000_000_000
 _FEWEST = min_gpus(_100B, 40 * GiB, 3)
+_BLOCK, _DEPTH, _BLOCKS = 0.35, 2, 48  # GB of bf16 parameters per block; blocks prefetched ahead; blocks
+_HELD = (1 + _DEPTH) * _BLOCK  # the block computing + the ones in flight: (1 + depth) × block
 
 QUESTIONS = [
     Question(f"The 7B trains with ZeRO-2 on 8 GPUs ({_Z2[8]:.1f} GB of model states per GPU). You double to 16 "
@@ -33,6 +35,18 @@ QUESTIONS = [
               "after forward: ZeRO-2-like memory for the parameters during the step.",
               "It trades memory for communication: more of one, less of the other.",
               "Gradients are reduce-scattered either way; only the parameters' second all-gather goes."]),
+    Question(f"FSDP on a {_BLOCKS}-block model, {_BLOCK:.2f} GB of bf16 parameters per block (fp32 master shards, "
+             f"MixedPrecisionPolicy(param_dtype=bf16)). You prefetch {_DEPTH} blocks ahead in forward and backward. "
+             "At most how many GB of gathered parameters does a GPU hold at once?",
+             [f"{_BLOCK:.2f} GB: one block at a time", f"{_HELD:.2f} GB", f"{2 * _HELD:.2f} GB",
+              f"{_BLOCKS * _BLOCK:.1f} GB: every block"], 1,
+             ["That is no prefetch: each gather waited as soon as it is issued, nothing overlaps.",
+              f"Right: the block computing plus the {_DEPTH} whose gathers are in flight, (1 + {_DEPTH}) × "
+              f"{_BLOCK:.2f} GB, in forward and again in backward (exercise 5.4 measures yours). Prefetch buys "
+              "overlap with blocks of memory; reshard_after_forward=False would hold every block instead.",
+              "That counts the blocks in fp32: cast before the gather, they travel and live in bf16.",
+              "That is unbounded prefetch, or one fully_shard around the whole model."],
+             transfer=True),
     Question("ZeRO-2 shards the gradients. How many bytes does it communicate per step, compared with DDP?",
              ["The same, 2Ψ: it reduce-scatters the gradients and all-gathers the updated weights",
               "More: it all-reduces the gradients and then all-gathers the weights, 3Ψ",

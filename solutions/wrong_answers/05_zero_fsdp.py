@@ -36,6 +36,9 @@ def per_gpu_bytes(num_params, world_size, stage, layout):
     return model_state_bytes(num_params, layout, world_size, stage)["total"]
 
 # %% 5.2 | never returns None: a closed form with no check that anything fits | expect: return None
+import math
+
+
 def fewest_gpus(num_params, gpu_bytes, stage, layout, activation_bytes=0):
     parts = ((layout.master + layout.optimizer, 1), (layout.grads, 2), (layout.weights, 3))
     sharded = sum(b for b, first in parts if stage >= first)  # bytes per parameter that N GPUs split
@@ -129,145 +132,6 @@ def zero1_step(flat_param, flat_grad, exp_avg, exp_avg_sq, step, lr=1e-2):
     opt.step()
     return p.detach()
 
-# %% 5.4 | keeps the gathered weights for backward (no second all-gather) | expect: gather them again in backward
-def gather_layer(shard, out_features, in_features):
-    full = shard.new_empty(dist.get_world_size() * shard.numel())
-    backend_all_gather(full, shard)
-    return full[:out_features * in_features].view(out_features, in_features), \
-        full[out_features * in_features:out_features * (in_features + 1)]
-
-
-class ZeRO3Linear(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, shard, out_features, in_features):
-        w, b = gather_layer(shard, out_features, in_features)
-        ctx.save_for_backward(x, shard, w)
-        return torch.addmm(b, x, w.t())
-
-    @staticmethod
-    def backward(ctx, grad_y):
-        x, shard, w = ctx.saved_tensors
-        n = dist.get_world_size()
-        flat = torch.cat([(grad_y.t() @ x).reshape(-1), grad_y.sum(0)])
-        flat = F.pad(flat, (0, n * shard.numel() - flat.numel()))
-        grad_shard = torch.empty_like(shard)
-        backend_reduce_scatter(grad_shard, flat)
-        return grad_y @ w, grad_shard / n, None, None
-
-# %% 5.4 | forgets to divide the reduce-scattered gradient by N | expect: divide by the world size
-def gather_layer(shard, out_features, in_features):
-    full = shard.new_empty(dist.get_world_size() * shard.numel())
-    backend_all_gather(full, shard)
-    return full[:out_features * in_features].view(out_features, in_features), \
-        full[out_features * in_features:out_features * (in_features + 1)]
-
-
-class ZeRO3Linear(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, shard, out_features, in_features):
-        ctx.save_for_backward(x, shard)
-        ctx.shape = (out_features, in_features)
-        w, b = gather_layer(shard, out_features, in_features)
-        return torch.addmm(b, x, w.t())
-
-    @staticmethod
-    def backward(ctx, grad_y):
-        x, shard = ctx.saved_tensors
-        w, _ = gather_layer(shard, *ctx.shape)
-        n = dist.get_world_size()
-        flat = torch.cat([(grad_y.t() @ x).reshape(-1), grad_y.sum(0)])
-        flat = F.pad(flat, (0, n * shard.numel() - flat.numel()))
-        grad_shard = torch.empty_like(shard)
-        backend_reduce_scatter(grad_shard, flat)
-        return grad_y @ w, grad_shard, None, None
-
-# %% 5.4 | all-reduces the full gradient, then keeps its own slice | expect: reduce-scatter the parameters' gradient
-def gather_layer(shard, out_features, in_features):
-    full = shard.new_empty(dist.get_world_size() * shard.numel())
-    backend_all_gather(full, shard)
-    return full[:out_features * in_features].view(out_features, in_features), \
-        full[out_features * in_features:out_features * (in_features + 1)]
-
-
-class ZeRO3Linear(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, shard, out_features, in_features):
-        ctx.save_for_backward(x, shard)
-        ctx.shape = (out_features, in_features)
-        w, b = gather_layer(shard, out_features, in_features)
-        return torch.addmm(b, x, w.t())
-
-    @staticmethod
-    def backward(ctx, grad_y):
-        x, shard = ctx.saved_tensors
-        w, _ = gather_layer(shard, *ctx.shape)
-        rank, n, s = dist.get_rank(), dist.get_world_size(), shard.numel()
-        flat = torch.cat([(grad_y.t() @ x).reshape(-1), grad_y.sum(0)])
-        flat = F.pad(flat, (0, n * s - flat.numel()))
-        dist.all_reduce(flat)
-        return grad_y @ w, flat[rank * s:(rank + 1) * s] / n, None, None
-
-# %% 5.4 | keeps one gather buffer per layer alive to reuse it (a cache) | expect: free each layer's gathered parameters
-_buffers = {}
-
-
-def gather_layer(shard, out_features, in_features):
-    key = shard.data_ptr()  # one buffer per layer, allocated once, reused in backward and in the next step
-    if key not in _buffers:
-        _buffers[key] = shard.new_empty(dist.get_world_size() * shard.numel())
-    full = _buffers[key]
-    backend_all_gather(full, shard)
-    return full[:out_features * in_features].view(out_features, in_features), \
-        full[out_features * in_features:out_features * (in_features + 1)]
-
-
-class ZeRO3Linear(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, shard, out_features, in_features):
-        ctx.save_for_backward(x, shard)
-        ctx.shape = (out_features, in_features)
-        w, b = gather_layer(shard, out_features, in_features)
-        return torch.addmm(b, x, w.t())
-
-    @staticmethod
-    def backward(ctx, grad_y):
-        x, shard = ctx.saved_tensors
-        w, _ = gather_layer(shard, *ctx.shape)
-        n = dist.get_world_size()
-        flat = torch.cat([(grad_y.t() @ x).reshape(-1), grad_y.sum(0)])
-        flat = F.pad(flat, (0, n * shard.numel() - flat.numel()))
-        grad_shard = torch.empty_like(shard)
-        backend_reduce_scatter(grad_shard, flat)
-        return grad_y @ w, grad_shard / n, None, None
-
-# %% 5.4 | gathers into a list of chunks, then torch.cat (the layer held twice) | expect: holds the layer twice
-def gather_layer(shard, out_features, in_features):
-    chunks = [torch.empty_like(shard) for _ in range(dist.get_world_size())]
-    dist.all_gather(chunks, shard)
-    full = torch.cat(chunks)  # a second full copy while the chunks are still alive
-    return full[:out_features * in_features].view(out_features, in_features), \
-        full[out_features * in_features:out_features * (in_features + 1)]
-
-
-class ZeRO3Linear(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, shard, out_features, in_features):
-        ctx.save_for_backward(x, shard)
-        ctx.shape = (out_features, in_features)
-        w, b = gather_layer(shard, out_features, in_features)
-        return torch.addmm(b, x, w.t())
-
-    @staticmethod
-    def backward(ctx, grad_y):
-        x, shard = ctx.saved_tensors
-        w, _ = gather_layer(shard, *ctx.shape)
-        n = dist.get_world_size()
-        flat = torch.cat([(grad_y.t() @ x).reshape(-1), grad_y.sum(0)])
-        flat = F.pad(flat, (0, n * shard.numel() - flat.numel()))
-        grad_shard = torch.empty_like(shard)
-        backend_reduce_scatter(grad_shard, flat)
-        return grad_y @ w, grad_shard / n, None, None
-
 # %% 5.3 | makes the gradient slice with torch.empty: a CPU buffer, which NCCL rejects on GPUs | expect: No backend type associated with device type cpu
 from m11_helpers.zero_optimizer import adamw_update
 
@@ -284,29 +148,514 @@ def zero1_step(flat_param, flat_grad, exp_avg, exp_avg_sq, step, lr=1e-2):
     backend_all_gather(full, shard)
     return full
 
-# %% 5.4 | gather_layer makes its output with torch.empty: a CPU buffer, which NCCL rejects on GPUs | expect: No backend type associated with device type cpu
-def gather_layer(shard, out_features, in_features):
-    full = torch.empty(dist.get_world_size() * shard.numel(), dtype=shard.dtype)
-    backend_all_gather(full, shard)
-    return full[:out_features * in_features].view(out_features, in_features), \
-        full[out_features * in_features:out_features * (in_features + 1)]
+# %% 5.4 | no prefetch: issues each layer's gather and waits on it at once | expect: no prefetch
+class Prefetcher:
+    """Layer i's full flat parameters [W.flatten(), b] in `dtype`, all-gathered up to `depth` layers ahead."""
+
+    def __init__(self, shards: list[torch.Tensor], depth: int, dtype: torch.dtype):
+        self.shards, self.depth, self.dtype = shards, depth, dtype  # shards: this rank's fp32 (S,) slices
+        self.pending = {}  # layer -> (handle, buffer): gathers issued and not yet waited
+
+    def issue(self, i: int) -> None:
+        """Start layer i's all-gather, async, unless it is already running or i is not a layer."""
+        if i in self.pending or not 0 <= i < len(self.shards):
+            return
+        send = self.shards[i].detach().to(self.dtype)  # (S,) cast BEFORE the wire: 2 bytes per element in bf16
+        out = send.new_empty(dist.get_world_size() * send.numel())  # (N·S,) on the shard's device
+        self.pending[i] = (ALL_GATHER(out, send, async_op=True), out)
+
+    def get(self, i: int, step: int) -> torch.Tensor:
+        """Layer i's gathered (N·S,) buffer; issues the next `depth` layers' gathers first (step: +1 or -1)."""
+        self.issue(i)
+        handle, out = self.pending.pop(i)  # popped: once the caller lets go, the buffer is freed
+        handle.wait()  # just before use; the next layers' gathers keep running
+        return out
 
 
-class ZeRO3Linear(torch.autograd.Function):
+class PrefetchLinear(torch.autograd.Function):
+    """y = x Wᵀ + b in the compute dtype; W, b from the prefetcher; the shard's gradient reduce-scattered in fp32."""
+
     @staticmethod
-    def forward(ctx, x, shard, out_features, in_features):
-        ctx.save_for_backward(x, shard)
-        ctx.shape = (out_features, in_features)
-        w, b = gather_layer(shard, out_features, in_features)
-        return torch.addmm(b, x, w.t())
+    def forward(ctx, x, shard, pre, i, shape):
+        out_f, in_f = shape
+        full = pre.get(i, +1)  # (N·S,) in the compute dtype
+        w, b = full[:out_f * in_f].view(out_f, in_f), full[out_f * in_f:out_f * (in_f + 1)]  # (out, in), (out,)
+        ctx.save_for_backward(x)  # the input only: the full weights go when forward returns
+        ctx.pre, ctx.i, ctx.shape = pre, i, shape
+        return F.linear(x.to(w.dtype), w, b)  # (B, out)
 
     @staticmethod
     def backward(ctx, grad_y):
-        x, shard = ctx.saved_tensors
-        w, _ = gather_layer(shard, *ctx.shape)
-        n = dist.get_world_size()
-        flat = torch.cat([(grad_y.t() @ x).reshape(-1), grad_y.sum(0)])
-        flat = F.pad(flat, (0, n * shard.numel() - flat.numel()))
-        grad_shard = torch.empty_like(shard)
-        backend_reduce_scatter(grad_shard, flat)
-        return grad_y @ w, grad_shard / n, None, None
+        (x,), (out_f, in_f), n = ctx.saved_tensors, ctx.shape, dist.get_world_size()
+        full = ctx.pre.get(ctx.i, -1)  # gathered again, the layers before it prefetched
+        w = full[:out_f * in_f].view(out_f, in_f)  # (out, in)
+        grad_y, xc = grad_y.to(w.dtype), x.to(w.dtype)  # (B, out), (B, in)
+        grad_x = (grad_y @ w).to(x.dtype)  # (B, in)
+        flat = torch.cat([(grad_y.t() @ xc).reshape(-1), grad_y.sum(0)]).float()  # fp32 BEFORE the sum over ranks
+        flat = F.pad(flat, (0, full.numel() - flat.numel()))  # (N·S,) padded like the parameters
+        del full, w  # this layer's weights go now, before the next layer's backward
+        grad_shard = flat.new_empty(flat.numel() // n)  # (S,) fp32
+        REDUCE_SCATTER(grad_shard, flat)  # Σ over ranks of my slice only
+        return grad_x, grad_shard / n, None, None, None
+
+# %% 5.4 | prefetch unbounded: issues every remaining layer's gather at once | expect: unbounded prefetch
+class Prefetcher:
+    """Layer i's full flat parameters [W.flatten(), b] in `dtype`, all-gathered up to `depth` layers ahead."""
+
+    def __init__(self, shards: list[torch.Tensor], depth: int, dtype: torch.dtype):
+        self.shards, self.depth, self.dtype = shards, depth, dtype  # shards: this rank's fp32 (S,) slices
+        self.pending = {}  # layer -> (handle, buffer): gathers issued and not yet waited
+
+    def issue(self, i: int) -> None:
+        """Start layer i's all-gather, async, unless it is already running or i is not a layer."""
+        if i in self.pending or not 0 <= i < len(self.shards):
+            return
+        send = self.shards[i].detach().to(self.dtype)  # (S,) cast BEFORE the wire: 2 bytes per element in bf16
+        out = send.new_empty(dist.get_world_size() * send.numel())  # (N·S,) on the shard's device
+        self.pending[i] = (ALL_GATHER(out, send, async_op=True), out)
+
+    def get(self, i: int, step: int) -> torch.Tensor:
+        """Layer i's gathered (N·S,) buffer; issues the next `depth` layers' gathers first (step: +1 or -1)."""
+        for k in range(len(self.shards)):
+            self.issue(i + k * step)  # k = 0: layer i itself, when nothing prefetched it (the first layer)
+        handle, out = self.pending.pop(i)  # popped: once the caller lets go, the buffer is freed
+        handle.wait()  # just before use; the next layers' gathers keep running
+        return out
+
+
+class PrefetchLinear(torch.autograd.Function):
+    """y = x Wᵀ + b in the compute dtype; W, b from the prefetcher; the shard's gradient reduce-scattered in fp32."""
+
+    @staticmethod
+    def forward(ctx, x, shard, pre, i, shape):
+        out_f, in_f = shape
+        full = pre.get(i, +1)  # (N·S,) in the compute dtype
+        w, b = full[:out_f * in_f].view(out_f, in_f), full[out_f * in_f:out_f * (in_f + 1)]  # (out, in), (out,)
+        ctx.save_for_backward(x)  # the input only: the full weights go when forward returns
+        ctx.pre, ctx.i, ctx.shape = pre, i, shape
+        return F.linear(x.to(w.dtype), w, b)  # (B, out)
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        (x,), (out_f, in_f), n = ctx.saved_tensors, ctx.shape, dist.get_world_size()
+        full = ctx.pre.get(ctx.i, -1)  # gathered again, the layers before it prefetched
+        w = full[:out_f * in_f].view(out_f, in_f)  # (out, in)
+        grad_y, xc = grad_y.to(w.dtype), x.to(w.dtype)  # (B, out), (B, in)
+        grad_x = (grad_y @ w).to(x.dtype)  # (B, in)
+        flat = torch.cat([(grad_y.t() @ xc).reshape(-1), grad_y.sum(0)]).float()  # fp32 BEFORE the sum over ranks
+        flat = F.pad(flat, (0, full.numel() - flat.numel()))  # (N·S,) padded like the parameters
+        del full, w  # this layer's weights go now, before the next layer's backward
+        grad_shard = flat.new_empty(flat.numel() // n)  # (S,) fp32
+        REDUCE_SCATTER(grad_shard, flat)  # Σ over ranks of my slice only
+        return grad_x, grad_shard / n, None, None, None
+
+# %% 5.4 | casts after the gather: fp32 on the wire | expect: BEFORE the all-gather
+class Prefetcher:
+    """Layer i's full flat parameters [W.flatten(), b] in `dtype`, all-gathered up to `depth` layers ahead."""
+
+    def __init__(self, shards: list[torch.Tensor], depth: int, dtype: torch.dtype):
+        self.shards, self.depth, self.dtype = shards, depth, dtype  # shards: this rank's fp32 (S,) slices
+        self.pending = {}  # layer -> (handle, buffer): gathers issued and not yet waited
+
+    def issue(self, i: int) -> None:
+        """Start layer i's all-gather, async, unless it is already running or i is not a layer."""
+        if i in self.pending or not 0 <= i < len(self.shards):
+            return
+        send = self.shards[i].detach()  # (S,) cast BEFORE the wire: 2 bytes per element in bf16
+        out = send.new_empty(dist.get_world_size() * send.numel())  # (N·S,) on the shard's device
+        self.pending[i] = (ALL_GATHER(out, send, async_op=True), out)
+
+    def get(self, i: int, step: int) -> torch.Tensor:
+        """Layer i's gathered (N·S,) buffer; issues the next `depth` layers' gathers first (step: +1 or -1)."""
+        for k in range(self.depth + 1):
+            self.issue(i + k * step)  # k = 0: layer i itself, when nothing prefetched it (the first layer)
+        handle, out = self.pending.pop(i)  # popped: once the caller lets go, the buffer is freed
+        handle.wait()
+        return out.to(self.dtype)
+
+
+class PrefetchLinear(torch.autograd.Function):
+    """y = x Wᵀ + b in the compute dtype; W, b from the prefetcher; the shard's gradient reduce-scattered in fp32."""
+
+    @staticmethod
+    def forward(ctx, x, shard, pre, i, shape):
+        out_f, in_f = shape
+        full = pre.get(i, +1)  # (N·S,) in the compute dtype
+        w, b = full[:out_f * in_f].view(out_f, in_f), full[out_f * in_f:out_f * (in_f + 1)]  # (out, in), (out,)
+        ctx.save_for_backward(x)  # the input only: the full weights go when forward returns
+        ctx.pre, ctx.i, ctx.shape = pre, i, shape
+        return F.linear(x.to(w.dtype), w, b)  # (B, out)
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        (x,), (out_f, in_f), n = ctx.saved_tensors, ctx.shape, dist.get_world_size()
+        full = ctx.pre.get(ctx.i, -1)  # gathered again, the layers before it prefetched
+        w = full[:out_f * in_f].view(out_f, in_f)  # (out, in)
+        grad_y, xc = grad_y.to(w.dtype), x.to(w.dtype)  # (B, out), (B, in)
+        grad_x = (grad_y @ w).to(x.dtype)  # (B, in)
+        flat = torch.cat([(grad_y.t() @ xc).reshape(-1), grad_y.sum(0)]).float()  # fp32 BEFORE the sum over ranks
+        flat = F.pad(flat, (0, full.numel() - flat.numel()))  # (N·S,) padded like the parameters
+        del full, w  # this layer's weights go now, before the next layer's backward
+        grad_shard = flat.new_empty(flat.numel() // n)  # (S,) fp32
+        REDUCE_SCATTER(grad_shard, flat)  # Σ over ranks of my slice only
+        return grad_x, grad_shard / n, None, None, None
+
+# %% 5.4 | keeps the gathered weights alive through backward (a cache for the next step) | expect: keeps weights alive in backward
+class Prefetcher:
+    """Layer i's full flat parameters [W.flatten(), b] in `dtype`, all-gathered up to `depth` layers ahead."""
+
+    def __init__(self, shards: list[torch.Tensor], depth: int, dtype: torch.dtype):
+        self.shards, self.depth, self.dtype = shards, depth, dtype  # shards: this rank's fp32 (S,) slices
+        self.pending = {}  # layer -> (handle, buffer): gathers issued and not yet waited
+
+    def issue(self, i: int) -> None:
+        """Start layer i's all-gather, async, unless it is already running or i is not a layer."""
+        if i in self.pending or not 0 <= i < len(self.shards):
+            return
+        send = self.shards[i].detach().to(self.dtype)  # (S,) cast BEFORE the wire: 2 bytes per element in bf16
+        out = send.new_empty(dist.get_world_size() * send.numel())  # (N·S,) on the shard's device
+        self.pending[i] = (ALL_GATHER(out, send, async_op=True), out)
+
+    def get(self, i: int, step: int) -> torch.Tensor:
+        """Layer i's gathered (N·S,) buffer; issues the next `depth` layers' gathers first (step: +1 or -1)."""
+        for k in range(self.depth + 1):
+            self.issue(i + k * step)  # k = 0: layer i itself, when nothing prefetched it (the first layer)
+        handle, out = self.pending.pop(i)  # popped: once the caller lets go, the buffer is freed
+        handle.wait()  # just before use; the next layers' gathers keep running
+        return out
+
+
+class PrefetchLinear(torch.autograd.Function):
+    """y = x Wᵀ + b in the compute dtype; W, b from the prefetcher; the shard's gradient reduce-scattered in fp32."""
+
+    @staticmethod
+    def forward(ctx, x, shard, pre, i, shape):
+        out_f, in_f = shape
+        full = pre.get(i, +1)  # (N·S,) in the compute dtype
+        w, b = full[:out_f * in_f].view(out_f, in_f), full[out_f * in_f:out_f * (in_f + 1)]  # (out, in), (out,)
+        ctx.save_for_backward(x)  # the input only: the full weights go when forward returns
+        ctx.pre, ctx.i, ctx.shape = pre, i, shape
+        return F.linear(x.to(w.dtype), w, b)  # (B, out)
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        (x,), (out_f, in_f), n = ctx.saved_tensors, ctx.shape, dist.get_world_size()
+        full = ctx.pre.get(ctx.i, -1)
+        ctx.pre.__dict__.setdefault("kept", {})[ctx.i] = full  # to reuse next step
+        w = full[:out_f * in_f].view(out_f, in_f)  # (out, in)
+        grad_y, xc = grad_y.to(w.dtype), x.to(w.dtype)  # (B, out), (B, in)
+        grad_x = (grad_y @ w).to(x.dtype)  # (B, in)
+        flat = torch.cat([(grad_y.t() @ xc).reshape(-1), grad_y.sum(0)]).float()  # fp32 BEFORE the sum over ranks
+        flat = F.pad(flat, (0, full.numel() - flat.numel()))  # (N·S,) padded like the parameters
+        del full, w  # this layer's weights go now, before the next layer's backward
+        grad_shard = flat.new_empty(flat.numel() // n)  # (S,) fp32
+        REDUCE_SCATTER(grad_shard, flat)  # Σ over ranks of my slice only
+        return grad_x, grad_shard / n, None, None, None
+
+# %% 5.4 | reduce-scatters the gradient in bf16 | expect: in fp32
+class Prefetcher:
+    """Layer i's full flat parameters [W.flatten(), b] in `dtype`, all-gathered up to `depth` layers ahead."""
+
+    def __init__(self, shards: list[torch.Tensor], depth: int, dtype: torch.dtype):
+        self.shards, self.depth, self.dtype = shards, depth, dtype  # shards: this rank's fp32 (S,) slices
+        self.pending = {}  # layer -> (handle, buffer): gathers issued and not yet waited
+
+    def issue(self, i: int) -> None:
+        """Start layer i's all-gather, async, unless it is already running or i is not a layer."""
+        if i in self.pending or not 0 <= i < len(self.shards):
+            return
+        send = self.shards[i].detach().to(self.dtype)  # (S,) cast BEFORE the wire: 2 bytes per element in bf16
+        out = send.new_empty(dist.get_world_size() * send.numel())  # (N·S,) on the shard's device
+        self.pending[i] = (ALL_GATHER(out, send, async_op=True), out)
+
+    def get(self, i: int, step: int) -> torch.Tensor:
+        """Layer i's gathered (N·S,) buffer; issues the next `depth` layers' gathers first (step: +1 or -1)."""
+        for k in range(self.depth + 1):
+            self.issue(i + k * step)  # k = 0: layer i itself, when nothing prefetched it (the first layer)
+        handle, out = self.pending.pop(i)  # popped: once the caller lets go, the buffer is freed
+        handle.wait()  # just before use; the next layers' gathers keep running
+        return out
+
+
+class PrefetchLinear(torch.autograd.Function):
+    """y = x Wᵀ + b in the compute dtype; W, b from the prefetcher; the shard's gradient reduce-scattered in fp32."""
+
+    @staticmethod
+    def forward(ctx, x, shard, pre, i, shape):
+        out_f, in_f = shape
+        full = pre.get(i, +1)  # (N·S,) in the compute dtype
+        w, b = full[:out_f * in_f].view(out_f, in_f), full[out_f * in_f:out_f * (in_f + 1)]  # (out, in), (out,)
+        ctx.save_for_backward(x)  # the input only: the full weights go when forward returns
+        ctx.pre, ctx.i, ctx.shape = pre, i, shape
+        return F.linear(x.to(w.dtype), w, b)  # (B, out)
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        (x,), (out_f, in_f), n = ctx.saved_tensors, ctx.shape, dist.get_world_size()
+        full = ctx.pre.get(ctx.i, -1)  # gathered again, the layers before it prefetched
+        w = full[:out_f * in_f].view(out_f, in_f)  # (out, in)
+        grad_y, xc = grad_y.to(w.dtype), x.to(w.dtype)  # (B, out), (B, in)
+        grad_x = (grad_y @ w).to(x.dtype)  # (B, in)
+        flat = torch.cat([(grad_y.t() @ xc).reshape(-1), grad_y.sum(0)])  # fp32 BEFORE the sum over ranks
+        flat = F.pad(flat, (0, full.numel() - flat.numel()))  # (N·S,) padded like the parameters
+        del full, w  # this layer's weights go now, before the next layer's backward
+        grad_shard = flat.new_empty(flat.numel() // n)  # (S,) fp32
+        REDUCE_SCATTER(grad_shard, flat)  # Σ over ranks of my slice only
+        return grad_x, grad_shard / n, None, None, None
+
+# %% 5.4 | keeps the gathered weights for backward (no second all-gather) | expect: once again in backward
+class Prefetcher:
+    """Layer i's full flat parameters [W.flatten(), b] in `dtype`, all-gathered up to `depth` layers ahead."""
+
+    def __init__(self, shards: list[torch.Tensor], depth: int, dtype: torch.dtype):
+        self.shards, self.depth, self.dtype = shards, depth, dtype  # shards: this rank's fp32 (S,) slices
+        self.pending = {}  # layer -> (handle, buffer): gathers issued and not yet waited
+
+    def issue(self, i: int) -> None:
+        """Start layer i's all-gather, async, unless it is already running or i is not a layer."""
+        if i in self.pending or not 0 <= i < len(self.shards):
+            return
+        send = self.shards[i].detach().to(self.dtype)  # (S,) cast BEFORE the wire: 2 bytes per element in bf16
+        out = send.new_empty(dist.get_world_size() * send.numel())  # (N·S,) on the shard's device
+        self.pending[i] = (ALL_GATHER(out, send, async_op=True), out)
+
+    def get(self, i: int, step: int) -> torch.Tensor:
+        """Layer i's gathered (N·S,) buffer; issues the next `depth` layers' gathers first (step: +1 or -1)."""
+        for k in range(self.depth + 1):
+            self.issue(i + k * step)  # k = 0: layer i itself, when nothing prefetched it (the first layer)
+        handle, out = self.pending.pop(i)  # popped: once the caller lets go, the buffer is freed
+        handle.wait()  # just before use; the next layers' gathers keep running
+        return out
+
+
+class PrefetchLinear(torch.autograd.Function):
+    """y = x Wᵀ + b in the compute dtype; W, b from the prefetcher; the shard's gradient reduce-scattered in fp32."""
+
+    @staticmethod
+    def forward(ctx, x, shard, pre, i, shape):
+        out_f, in_f = shape
+        full = pre.get(i, +1)  # (N·S,) in the compute dtype
+        w, b = full[:out_f * in_f].view(out_f, in_f), full[out_f * in_f:out_f * (in_f + 1)]  # (out, in), (out,)
+        ctx.save_for_backward(x, full)
+        ctx.pre, ctx.i, ctx.shape = pre, i, shape
+        return F.linear(x.to(w.dtype), w, b)  # (B, out)
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        (x, full), (out_f, in_f), n = ctx.saved_tensors, ctx.shape, dist.get_world_size()
+        w = full[:out_f * in_f].view(out_f, in_f)  # (out, in)
+        grad_y, xc = grad_y.to(w.dtype), x.to(w.dtype)  # (B, out), (B, in)
+        grad_x = (grad_y @ w).to(x.dtype)  # (B, in)
+        flat = torch.cat([(grad_y.t() @ xc).reshape(-1), grad_y.sum(0)]).float()  # fp32 BEFORE the sum over ranks
+        flat = F.pad(flat, (0, full.numel() - flat.numel()))  # (N·S,) padded like the parameters
+        del full, w  # this layer's weights go now, before the next layer's backward
+        grad_shard = flat.new_empty(flat.numel() // n)  # (S,) fp32
+        REDUCE_SCATTER(grad_shard, flat)  # Σ over ranks of my slice only
+        return grad_x, grad_shard / n, None, None, None
+
+# %% 5.4 | forgets to divide the reduce-scattered gradient by N | expect: world size
+class Prefetcher:
+    """Layer i's full flat parameters [W.flatten(), b] in `dtype`, all-gathered up to `depth` layers ahead."""
+
+    def __init__(self, shards: list[torch.Tensor], depth: int, dtype: torch.dtype):
+        self.shards, self.depth, self.dtype = shards, depth, dtype  # shards: this rank's fp32 (S,) slices
+        self.pending = {}  # layer -> (handle, buffer): gathers issued and not yet waited
+
+    def issue(self, i: int) -> None:
+        """Start layer i's all-gather, async, unless it is already running or i is not a layer."""
+        if i in self.pending or not 0 <= i < len(self.shards):
+            return
+        send = self.shards[i].detach().to(self.dtype)  # (S,) cast BEFORE the wire: 2 bytes per element in bf16
+        out = send.new_empty(dist.get_world_size() * send.numel())  # (N·S,) on the shard's device
+        self.pending[i] = (ALL_GATHER(out, send, async_op=True), out)
+
+    def get(self, i: int, step: int) -> torch.Tensor:
+        """Layer i's gathered (N·S,) buffer; issues the next `depth` layers' gathers first (step: +1 or -1)."""
+        for k in range(self.depth + 1):
+            self.issue(i + k * step)  # k = 0: layer i itself, when nothing prefetched it (the first layer)
+        handle, out = self.pending.pop(i)  # popped: once the caller lets go, the buffer is freed
+        handle.wait()  # just before use; the next layers' gathers keep running
+        return out
+
+
+class PrefetchLinear(torch.autograd.Function):
+    """y = x Wᵀ + b in the compute dtype; W, b from the prefetcher; the shard's gradient reduce-scattered in fp32."""
+
+    @staticmethod
+    def forward(ctx, x, shard, pre, i, shape):
+        out_f, in_f = shape
+        full = pre.get(i, +1)  # (N·S,) in the compute dtype
+        w, b = full[:out_f * in_f].view(out_f, in_f), full[out_f * in_f:out_f * (in_f + 1)]  # (out, in), (out,)
+        ctx.save_for_backward(x)  # the input only: the full weights go when forward returns
+        ctx.pre, ctx.i, ctx.shape = pre, i, shape
+        return F.linear(x.to(w.dtype), w, b)  # (B, out)
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        (x,), (out_f, in_f), n = ctx.saved_tensors, ctx.shape, dist.get_world_size()
+        full = ctx.pre.get(ctx.i, -1)  # gathered again, the layers before it prefetched
+        w = full[:out_f * in_f].view(out_f, in_f)  # (out, in)
+        grad_y, xc = grad_y.to(w.dtype), x.to(w.dtype)  # (B, out), (B, in)
+        grad_x = (grad_y @ w).to(x.dtype)  # (B, in)
+        flat = torch.cat([(grad_y.t() @ xc).reshape(-1), grad_y.sum(0)]).float()  # fp32 BEFORE the sum over ranks
+        flat = F.pad(flat, (0, full.numel() - flat.numel()))  # (N·S,) padded like the parameters
+        del full, w  # this layer's weights go now, before the next layer's backward
+        grad_shard = flat.new_empty(flat.numel() // n)  # (S,) fp32
+        REDUCE_SCATTER(grad_shard, flat)  # Σ over ranks of my slice only
+        return grad_x, grad_shard, None, None, None
+
+# %% 5.4 | all-reduces the full gradient, then keeps its own slice | expect: reduce-scatter each layer's gradient
+class Prefetcher:
+    """Layer i's full flat parameters [W.flatten(), b] in `dtype`, all-gathered up to `depth` layers ahead."""
+
+    def __init__(self, shards: list[torch.Tensor], depth: int, dtype: torch.dtype):
+        self.shards, self.depth, self.dtype = shards, depth, dtype  # shards: this rank's fp32 (S,) slices
+        self.pending = {}  # layer -> (handle, buffer): gathers issued and not yet waited
+
+    def issue(self, i: int) -> None:
+        """Start layer i's all-gather, async, unless it is already running or i is not a layer."""
+        if i in self.pending or not 0 <= i < len(self.shards):
+            return
+        send = self.shards[i].detach().to(self.dtype)  # (S,) cast BEFORE the wire: 2 bytes per element in bf16
+        out = send.new_empty(dist.get_world_size() * send.numel())  # (N·S,) on the shard's device
+        self.pending[i] = (ALL_GATHER(out, send, async_op=True), out)
+
+    def get(self, i: int, step: int) -> torch.Tensor:
+        """Layer i's gathered (N·S,) buffer; issues the next `depth` layers' gathers first (step: +1 or -1)."""
+        for k in range(self.depth + 1):
+            self.issue(i + k * step)  # k = 0: layer i itself, when nothing prefetched it (the first layer)
+        handle, out = self.pending.pop(i)  # popped: once the caller lets go, the buffer is freed
+        handle.wait()  # just before use; the next layers' gathers keep running
+        return out
+
+
+class PrefetchLinear(torch.autograd.Function):
+    """y = x Wᵀ + b in the compute dtype; W, b from the prefetcher; the shard's gradient reduce-scattered in fp32."""
+
+    @staticmethod
+    def forward(ctx, x, shard, pre, i, shape):
+        out_f, in_f = shape
+        full = pre.get(i, +1)  # (N·S,) in the compute dtype
+        w, b = full[:out_f * in_f].view(out_f, in_f), full[out_f * in_f:out_f * (in_f + 1)]  # (out, in), (out,)
+        ctx.save_for_backward(x)  # the input only: the full weights go when forward returns
+        ctx.pre, ctx.i, ctx.shape = pre, i, shape
+        return F.linear(x.to(w.dtype), w, b)  # (B, out)
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        (x,), (out_f, in_f), n = ctx.saved_tensors, ctx.shape, dist.get_world_size()
+        full = ctx.pre.get(ctx.i, -1)  # gathered again, the layers before it prefetched
+        w = full[:out_f * in_f].view(out_f, in_f)  # (out, in)
+        grad_y, xc = grad_y.to(w.dtype), x.to(w.dtype)  # (B, out), (B, in)
+        grad_x = (grad_y @ w).to(x.dtype)  # (B, in)
+        flat = torch.cat([(grad_y.t() @ xc).reshape(-1), grad_y.sum(0)]).float()  # fp32 BEFORE the sum over ranks
+        flat = F.pad(flat, (0, full.numel() - flat.numel()))  # (N·S,) padded like the parameters
+        del full, w  # this layer's weights go now, before the next layer's backward
+        dist.all_reduce(flat)
+        s = flat.numel() // n
+        grad_shard = flat[dist.get_rank() * s:(dist.get_rank() + 1) * s]
+        return grad_x, grad_shard / n, None, None, None
+
+# %% 5.4 | keeps each gathered buffer in a cache to reuse it | expect: a cache
+class Prefetcher:
+    """Layer i's full flat parameters [W.flatten(), b] in `dtype`, all-gathered up to `depth` layers ahead."""
+
+    def __init__(self, shards: list[torch.Tensor], depth: int, dtype: torch.dtype):
+        self.shards, self.depth, self.dtype = shards, depth, dtype  # shards: this rank's fp32 (S,) slices
+        self.pending = {}  # layer -> (handle, buffer): gathers issued and not yet waited
+        self.cache = {}
+
+    def issue(self, i: int) -> None:
+        """Start layer i's all-gather, async, unless it is already running or i is not a layer."""
+        if i in self.pending or not 0 <= i < len(self.shards):
+            return
+        send = self.shards[i].detach().to(self.dtype)  # (S,) cast BEFORE the wire: 2 bytes per element in bf16
+        out = send.new_empty(dist.get_world_size() * send.numel())  # (N·S,) on the shard's device
+        self.pending[i] = (ALL_GATHER(out, send, async_op=True), out)
+
+    def get(self, i: int, step: int) -> torch.Tensor:
+        """Layer i's gathered (N·S,) buffer; issues the next `depth` layers' gathers first (step: +1 or -1)."""
+        for k in range(self.depth + 1):
+            self.issue(i + k * step)  # k = 0: layer i itself, when nothing prefetched it (the first layer)
+        handle, out = self.pending.pop(i)  # popped: once the caller lets go, the buffer is freed
+        handle.wait()
+        self.cache[i] = out  # to reuse it
+        return out
+
+
+class PrefetchLinear(torch.autograd.Function):
+    """y = x Wᵀ + b in the compute dtype; W, b from the prefetcher; the shard's gradient reduce-scattered in fp32."""
+
+    @staticmethod
+    def forward(ctx, x, shard, pre, i, shape):
+        out_f, in_f = shape
+        full = pre.get(i, +1)  # (N·S,) in the compute dtype
+        w, b = full[:out_f * in_f].view(out_f, in_f), full[out_f * in_f:out_f * (in_f + 1)]  # (out, in), (out,)
+        ctx.save_for_backward(x)  # the input only: the full weights go when forward returns
+        ctx.pre, ctx.i, ctx.shape = pre, i, shape
+        return F.linear(x.to(w.dtype), w, b)  # (B, out)
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        (x,), (out_f, in_f), n = ctx.saved_tensors, ctx.shape, dist.get_world_size()
+        full = ctx.pre.get(ctx.i, -1)  # gathered again, the layers before it prefetched
+        w = full[:out_f * in_f].view(out_f, in_f)  # (out, in)
+        grad_y, xc = grad_y.to(w.dtype), x.to(w.dtype)  # (B, out), (B, in)
+        grad_x = (grad_y @ w).to(x.dtype)  # (B, in)
+        flat = torch.cat([(grad_y.t() @ xc).reshape(-1), grad_y.sum(0)]).float()  # fp32 BEFORE the sum over ranks
+        flat = F.pad(flat, (0, full.numel() - flat.numel()))  # (N·S,) padded like the parameters
+        del full, w  # this layer's weights go now, before the next layer's backward
+        grad_shard = flat.new_empty(flat.numel() // n)  # (S,) fp32
+        REDUCE_SCATTER(grad_shard, flat)  # Σ over ranks of my slice only
+        return grad_x, grad_shard / n, None, None, None
+
+# %% 5.4 | makes the gather's output with torch.empty: a CPU buffer, which NCCL rejects on GPUs | expect: No backend type associated with device type cpu
+class Prefetcher:
+    """Layer i's full flat parameters [W.flatten(), b] in `dtype`, all-gathered up to `depth` layers ahead."""
+
+    def __init__(self, shards: list[torch.Tensor], depth: int, dtype: torch.dtype):
+        self.shards, self.depth, self.dtype = shards, depth, dtype  # shards: this rank's fp32 (S,) slices
+        self.pending = {}  # layer -> (handle, buffer): gathers issued and not yet waited
+
+    def issue(self, i: int) -> None:
+        """Start layer i's all-gather, async, unless it is already running or i is not a layer."""
+        if i in self.pending or not 0 <= i < len(self.shards):
+            return
+        send = self.shards[i].detach().to(self.dtype)  # (S,) cast BEFORE the wire: 2 bytes per element in bf16
+        out = torch.empty(dist.get_world_size() * send.numel(), dtype=send.dtype)  # (N·S,) on the shard's device
+        self.pending[i] = (ALL_GATHER(out, send, async_op=True), out)
+
+    def get(self, i: int, step: int) -> torch.Tensor:
+        """Layer i's gathered (N·S,) buffer; issues the next `depth` layers' gathers first (step: +1 or -1)."""
+        for k in range(self.depth + 1):
+            self.issue(i + k * step)  # k = 0: layer i itself, when nothing prefetched it (the first layer)
+        handle, out = self.pending.pop(i)  # popped: once the caller lets go, the buffer is freed
+        handle.wait()  # just before use; the next layers' gathers keep running
+        return out
+
+
+class PrefetchLinear(torch.autograd.Function):
+    """y = x Wᵀ + b in the compute dtype; W, b from the prefetcher; the shard's gradient reduce-scattered in fp32."""
+
+    @staticmethod
+    def forward(ctx, x, shard, pre, i, shape):
+        out_f, in_f = shape
+        full = pre.get(i, +1)  # (N·S,) in the compute dtype
+        w, b = full[:out_f * in_f].view(out_f, in_f), full[out_f * in_f:out_f * (in_f + 1)]  # (out, in), (out,)
+        ctx.save_for_backward(x)  # the input only: the full weights go when forward returns
+        ctx.pre, ctx.i, ctx.shape = pre, i, shape
+        return F.linear(x.to(w.dtype), w, b)  # (B, out)
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        (x,), (out_f, in_f), n = ctx.saved_tensors, ctx.shape, dist.get_world_size()
+        full = ctx.pre.get(ctx.i, -1)  # gathered again, the layers before it prefetched
+        w = full[:out_f * in_f].view(out_f, in_f)  # (out, in)
+        grad_y, xc = grad_y.to(w.dtype), x.to(w.dtype)  # (B, out), (B, in)
+        grad_x = (grad_y @ w).to(x.dtype)  # (B, in)
+        flat = torch.cat([(grad_y.t() @ xc).reshape(-1), grad_y.sum(0)]).float()  # fp32 BEFORE the sum over ranks
+        flat = F.pad(flat, (0, full.numel() - flat.numel()))  # (N·S,) padded like the parameters
+        del full, w  # this layer's weights go now, before the next layer's backward
+        grad_shard = flat.new_empty(flat.numel() // n)  # (S,) fp32
+        REDUCE_SCATTER(grad_shard, flat)  # Σ over ranks of my slice only
+        return grad_x, grad_shard / n, None, None, None
