@@ -14,7 +14,7 @@ _ONE = spot_cost(100, 1.0, discount=0.7, preemptions_per_hour=_RATE, checkpoint_
 _OLD_OD = 100 + 120 / 3600 * (int(100 * 60 / _ONE["interval_minutes"]))  # on-demand charged spot's checkpoints
 _OLD = 1 - _ONE["spot_hours"] * 0.3 / _OLD_OD
 
-_SITES, _H, _INNER = 4, 100, 1000  # the lesson ran 4 ranks of the tiny GPT, H = 1, 4, 16, for 16 steps
+_SITES, _H, _INNER = 4, 100, 1000  # the lesson ran 4 ranks of the tiny GPT, H = 1, 4, 8, for 8 steps
 _S = 4 * param_count(RUNNING_EXAMPLE) / 1e9  # GB: one fp32 copy of the 7B example's parameters
 _WIRE = _INNER // _H * bus_factor("all_reduce", _SITES) * _S  # GB a site sends: rounds × 2(N−1)/N × S
 
