@@ -10,8 +10,8 @@
    and the restart again with the cost of one fresh interpreter importing torch added (the relaunch
    here forks a warm one; a cluster restart also waits for the scheduler and NCCL set-up).
 2. DiLoCo on 4 ranks against data parallel on the same rows (m11_helpers.diloco.compare_rank):
-   payload bytes each rank all-reduced, the ratio to data parallel (1/H), and the held-out loss
-   after the same tokens, for H = 1, 4, 16.
+   payload and wire bytes each rank all-reduced (the kit's CommCounter), the ratio to data parallel (1/H),
+   and the held-out loss after the same tokens, for H = 1, 4, 16.
 """
 
 from __future__ import annotations
@@ -53,10 +53,12 @@ def recovery() -> None:
 def diloco(steps: int = 32, hs: tuple[int, ...] = (1, 4, 16)) -> None:
     runs = launch(compare_rank, steps=steps, hs=hs, num_processes=4, timeout=600)[0]
     base = runs[0]["bytes"]
-    print(f"\n{'method':18s}{'H':>4s}{'MB sent/rank':>14s}{'÷ data parallel':>17s}{'held-out loss':>15s}")
+    print(f"\n{'method':18s}{'H':>4s}{'payload MB/rank':>16s}{'wire MB/rank':>14s}{'÷ data parallel':>17s}"
+          f"{'held-out loss':>15s}")
     for r in runs:
-        print(f"{r['method']:18s}{r['h']:>4d}{r['bytes'] / MB:>14.2f}{r['bytes'] / base:>17.3f}{r['eval_loss']:>15.3f}")
-    print(f"(same {steps} steps × 16 sequences for every run; payload bytes, fp32)")
+        print(f"{r['method']:18s}{r['h']:>4d}{r['bytes'] / MB:>16.2f}{r['wire'] / MB:>14.2f}{r['bytes'] / base:>17.3f}"
+              f"{r['eval_loss']:>15.3f}")
+    print(f"(same {steps} steps × 16 sequences for every run; fp32; wire = a ring's 2(N−1)/N of the payload)")
 
 
 if __name__ == "__main__":

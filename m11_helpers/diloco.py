@@ -11,8 +11,9 @@ steps on its own data to θ_i, and the workers all-reduce the pseudo-gradient Δ
 optimiser is SGD with Nesterov momentum (lr 0.7, momentum 0.9 in the paper): b ← μb + Δ,
 θ ← θ − η(Δ + μb) — torch.optim.SGD(nesterov=True)'s update. Each worker then *resets* its inner
 parameters to the new θ (its AdamW moments carry on). Reference code: OpenDiLoCo (Jaghouar et al.
-2024, arXiv:2407.07852). Bytes are all-reduce payloads (parameters or gradients, fp32), counted here
-where each all-reduce is called; a ring moves 2(N−1)/N of that per rank (lesson 02).
+2024, arXiv:2407.07852). Communication is counted by the kit's `comm_count.CommCounter` where each
+all-reduce is called: payload = the tensor all-reduced (parameters or gradients, fp32), wire = the
+2(N−1)/N of it a ring sends per rank (`comm_model.bus_factor`, lesson 02).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from m11_helpers.comm_count import CommCounter
+from m11_helpers.comm_model import bus_factor
 from m11_helpers.data import tokens
 from m11_helpers.data_parallel import average_gradients
 from m11_helpers.fault_tolerance import batch_indices
@@ -77,7 +80,7 @@ def _run(method: str, h: int, steps: int, rank: int, world: int, batch: int, lr:
     x_all, y_all = _data(seed)  # (N_TRAIN + N_EVAL, T) each
     outer = [p.detach().clone() for p in model.parameters()]
     buf = [torch.zeros_like(p) for p in outer]
-    sent, losses = 0, []
+    comm, losses = CommCounter(), []
     for step in range(steps):
         idx = batch_indices(step, batch * world, N_TRAIN, seed).chunk(world)[rank]  # (batch,): the same rows per method
         opt.zero_grad(set_to_none=True)
@@ -85,23 +88,31 @@ def _run(method: str, h: int, steps: int, rank: int, world: int, batch: int, lr:
         loss.backward()
         if method == "data parallel":
             average_gradients(model)  # lesson 03's helper: one all-reduce per parameter, every step
-            sent += sum(p.grad.numel() * p.grad.element_size() for p in model.parameters())
+            _count(comm, [p.grad for p in model.parameters()], world)
         opt.step()
         losses.append(loss.item())
         if method == "diloco" and (step + 1) % h == 0:
             inner_avg = [p.detach().clone() for p in model.parameters()]
-            sent += _dist_mean(inner_avg)  # one parameter all-reduce per H steps
+            _dist_mean(inner_avg)  # one parameter all-reduce per H steps
+            _count(comm, inner_avg, world)
             outer, buf = diloco_round_end(model, outer, buf, inner_avg, outer_lr, momentum)
-    return {"method": method, "h": h, "bytes": sent, "eval_loss": _eval_loss(model, x_all, y_all), "train_losses": losses,
+    return {"method": method, "h": h, "bytes": comm.payload("all_reduce"), "wire": comm.wire("all_reduce"),
+            "calls": comm.calls("all_reduce"), "eval_loss": _eval_loss(model, x_all, y_all), "train_losses": losses,
             "params": torch.cat([p.detach().reshape(-1) for p in model.parameters()])}
 
 
-def _dist_mean(tensors: list[torch.Tensor]) -> int:
+def _count(comm: CommCounter, tensors: list[torch.Tensor], world: int) -> None:
+    """One all-reduce per tensor: payload its bytes, wire a ring's 2(N−1)/N of them (comm_model.bus_factor)."""
+    for t in tensors:
+        size = t.numel() * t.element_size()
+        comm.add("all_reduce", payload=size, wire=bus_factor("all_reduce", world) * size, elements=t.numel())
+
+
+def _dist_mean(tensors: list[torch.Tensor]) -> None:
     world = dist.get_world_size()
     for t in tensors:
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
         t /= world
-    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def compare_rank(steps: int = 32, hs: tuple[int, ...] = (1, 4, 16), batch: int = 4, lr: float = 1e-3,
@@ -109,7 +120,8 @@ def compare_rank(steps: int = 32, hs: tuple[int, ...] = (1, 4, 16), batch: int =
     """Inside launch(): data parallel (gradients averaged every step) and DiLoCo for each H, on the same rows.
 
     Data parallel uses lesson 03's `average_gradients`, its bytes counted alike (every gradient, every
-    step). Returns one dict per run: method, h, bytes sent by this rank, held-out loss, train losses, params.
+    step). Returns one dict per run: method, h, this rank's all-reduce payload bytes ("bytes"), wire bytes
+    and calls, held-out loss, train losses, params.
     """
     positive_int("steps", steps)
     for h in hs:

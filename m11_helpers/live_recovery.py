@@ -33,7 +33,6 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from m11_helpers.launch.fork import _run_store
 from m11_helpers.live_replica import _model_and_opt, batch_indices, run_replica, tokens, train_checksum
 from m11_helpers.procs import die_with_parent, kill_tree
 from m11_helpers.validate import non_negative_int, positive_int, positive_real
@@ -61,10 +60,20 @@ def _child(port: int, rid: int, parent: int, body) -> None:
         os._exit(code)
 
 
+def _serve_store(listener: socket.socket, parent: int) -> None:
+    """The drill's TCPStore in a process of its own, on the socket the caller bound (as the kit's launcher does)."""
+    die_with_parent(parent=parent)  # first: a store outliving the caller would never be stopped
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _store = dist.TCPStore("127.0.0.1", listener.getsockname()[1], None, True, timedelta(hours=1),  # noqa: F841 - kept
+                           wait_for_workers=False, master_listen_fd=listener.fileno())  # alive until killed
+    while True:
+        time.sleep(3600)
+
+
 def _fork(fn) -> int:
     pid = os.fork()
     if pid == 0:
-        fn()  # never returns: _child and _run_store end the process
+        fn()  # never returns: _child and _serve_store end the process
         os._exit(1)
     return pid
 
@@ -107,7 +116,7 @@ def live_recovery_drill(replicas: int = 3, steps: int = 24, kill_rid: int = 1, k
     listener.bind(("127.0.0.1", 0))
     listener.listen(128)
     port = listener.getsockname()[1]
-    store_pid = _fork(lambda: _run_store(listener, parent))
+    store_pid = _fork(lambda: _serve_store(listener, parent))
     listener.close()
     release_w = None
     try:

@@ -51,12 +51,13 @@ def test_forgetting_to_reset_the_inner_parameters_is_caught_by_the_one_process_r
 
 
 def test_diloco_on_four_ranks_matches_one_process_and_sends_h_times_less_than_data_parallel():
-    ranks = launch(compare_rank, steps=8, hs=(4,), num_processes=4, timeout=300)
+    ranks = launch(compare_rank, steps=8, hs=(4,), batch=2, num_processes=4, timeout=300)
     dp, dl = [r[0] for r in ranks], [r[1] for r in ranks]
     assert dp[0]["method"] == "data parallel" and dl[0]["method"] == "diloco"
     assert dp[0]["bytes"] == 4 * dl[0]["bytes"] > 0  # one parameter all-reduce per 4 steps vs a gradient one per step
+    assert dp[0]["calls"] == 4 * dl[0]["calls"] and dl[0]["wire"] == dl[0]["bytes"] * 2 * 3 / 4  # a ring: 2(N−1)/N
     assert all(torch.equal(r["params"], dl[0]["params"]) for r in dl)  # every worker leaves a round on one θ
     assert all(torch.equal(r["params"], dp[0]["params"]) for r in dp)
-    torch.testing.assert_close(dl[0]["params"], simulate_diloco(world=4, steps=8, h=4), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(dl[0]["params"], simulate_diloco(world=4, steps=8, h=4, batch=2), atol=1e-4, rtol=1e-4)
     for run in (dp[0], dl[0]):  # both learn: below the uniform guess ln(64) on held-out rows
         assert run["eval_loss"] < math.log(64) - 0.2, run["eval_loss"]

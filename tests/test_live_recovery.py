@@ -10,12 +10,12 @@ from m11_helpers.live_replica import _model_and_opt, flat_state, load_flat_state
 
 def test_a_killed_replica_is_dropped_and_replaced_without_a_restart():
     before = {p.pid for p in psutil.Process().children(recursive=True)}
-    d = live_recovery_drill(replicas=3, steps=20, kill_rid=1, kill_at=5, rejoin_after=3, timeout=150)
+    d = live_recovery_drill(replicas=3, steps=14, kill_rid=1, kill_at=4, rejoin_after=3, timeout=150)
     # nothing restarted: the survivors and the newcomer end on one state, bit for bit (weights, AdamW, step)
     assert set(d["checksums"]) == {0, 2, 3} and len(set(d["checksums"].values())) == 1, d["checksums"]
-    assert set(d["steps"].values()) == {20}
+    assert set(d["steps"].values()) == {14}
     # the newcomer received the source's state as it stood at the join, and joined mid-run
-    assert d["join_checksum"] == d["source_checksum_at_join"] and 5 < d["join_step"] < 20
+    assert d["join_checksum"] == d["source_checksum_at_join"] and 4 < d["join_step"] < 14
     # quorums: all three, then the two survivors (detected by their failed collective), then with the newcomer
     assert [q["members"] for q in d["quorums"]] == [[0, 1, 2], [0, 2], [0, 2, 3]]
     failed_steps = {e["step"] for e in d["failures_seen"]}  # the SIGKILL lands during the step it saw, or the next
@@ -23,7 +23,7 @@ def test_a_killed_replica_is_dropped_and_replaced_without_a_restart():
     assert len(d["failures_seen"]) == 2  # both survivors saw their collective fail
     assert 0 < d["detect_s"] < 5
     # the loss curve: every step exactly once, equal to one process training on the whole global batch
-    assert list(d["losses"]) == list(range(20))
+    assert list(d["losses"]) == list(range(14))
     torch.testing.assert_close(torch.tensor(list(d["losses"].values())),
                                torch.tensor(list(d["reference_losses"].values())), rtol=1e-5, atol=1e-5)
     # nothing left running
@@ -45,11 +45,11 @@ def test_the_checkpoint_restart_drill_redoes_the_steps_since_the_checkpoint(tmp_
     from m11_helpers.live_recovery import reference_losses
     from m11_helpers.restart_drill import restart_drill
 
-    d = restart_drill(tmp_path, ranks=3, steps=10, kill_at=7, every=4, timeout=150)
-    assert d["resumed_from"] == 4 and d["redone_steps"] == 3
-    redone = {s: d["losses"][s] for s in range(4, 7)}
-    assert redone == {s: d["first_run_losses"][s] for s in range(4, 7)}  # resume is exact: the same bits again
-    ref, _ = reference_losses(10)
+    d = restart_drill(tmp_path, ranks=3, steps=8, kill_at=6, every=4, timeout=150)
+    assert d["resumed_from"] == 4 and d["redone_steps"] == 2
+    redone = {s: d["losses"][s] for s in range(4, 6)}
+    assert redone == {s: d["first_run_losses"][s] for s in range(4, 6)}  # resume is exact: the same bits again
+    ref, _ = reference_losses(8)
     torch.testing.assert_close(torch.tensor(list(d["losses"].values())), torch.tensor(list(ref.values())),
                                rtol=1e-5, atol=1e-5)
     assert d["lost_s"] > d["detect_s"] > 0

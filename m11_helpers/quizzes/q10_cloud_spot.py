@@ -1,6 +1,8 @@
 """Lesson 10 quiz: shown by `quiz("10_cloud_spot")`. Its figures come from the helpers, so they match the lesson."""
 
 from m11_helpers.cloud import failures_per_hour, spot_cost, young_interval
+from m11_helpers.comm_model import bus_factor
+from m11_helpers.config import RUNNING_EXAMPLE, param_count
 from m11_helpers.quiz import Question
 
 _TAU = {d: young_interval(d, 3 * 3600) / 60 for d in (120, 30)}  # minutes, M = 3 h
@@ -11,6 +13,10 @@ _RATE = 2  # preemptions per hour; the lesson tabulates 0.1, 1 and 4
 _ONE = spot_cost(100, 1.0, discount=0.7, preemptions_per_hour=_RATE, checkpoint_seconds=120, restart_seconds=300)
 _OLD_OD = 100 + 120 / 3600 * (int(100 * 60 / _ONE["interval_minutes"]))  # on-demand charged spot's checkpoints
 _OLD = 1 - _ONE["spot_hours"] * 0.3 / _OLD_OD
+
+_SITES, _H, _INNER = 4, 100, 1000  # the lesson ran 4 ranks of the tiny GPT, H = 1, 4, 8, for 8 steps
+_S = 4 * param_count(RUNNING_EXAMPLE) / 1e9  # GB: one fp32 copy of the 7B example's parameters
+_WIRE = _INNER // _H * bus_factor("all_reduce", _SITES) * _S  # GB a site sends: rounds × 2(N−1)/N × S
 
 QUESTIONS = [
     Question(f"Your run checkpoints at Young's interval: δ = 2 min, M = 3 h, so every {_TAU[120]:.1f} min. An "
@@ -74,4 +80,17 @@ QUESTIONS = [
               "Checkpointing once per MTBF loses half an MTBF of work per failure on average: far more than "
               "the saves cost.",
               "M grows as the job shrinks: 8× fewer GPUs, 8× the MTBF, √8× the interval."], transfer=True),
+    Question(f"{_SITES} sites train the course's 7B example with DiLoCo, H = {_H}, all-reducing fp32 "
+             f"pseudo-gradients with a ring after each round. Over {_INNER:,} inner steps, how much does each "
+             "site send over the network?",
+             [f"{_WIRE:,.0f} GB", f"{_WIRE / bus_factor('all_reduce', _SITES):,.0f} GB",
+              f"{_WIRE * _H / 1000:,.0f} TB", f"{_WIRE / _H:,.1f} GB"], 0,
+             [f"Right: {_INNER:,} / {_H} = {_INNER // _H} rounds, each one all-reduce of S = 4 B × "
+              f"{param_count(RUNNING_EXAMPLE) / 1e9:.2f}B = {_S:.1f} GB, of which a ring sends 2(N−1)/N = "
+              f"{bus_factor('all_reduce', _SITES):.2f} × S per site: {_INNER // _H} × {bus_factor('all_reduce', _SITES):.2f}"
+              f" × {_S:.1f} GB.",
+              "That is the payload (the tensor each site hands to the all-reduce); a ring puts 2(N−1)/N of it on "
+              "the wire per site.",
+              "That is data parallel: one gradient all-reduce every step, H times DiLoCo's traffic.",
+              "Divided by H twice: the H is already in the number of rounds."], transfer=True),
 ]

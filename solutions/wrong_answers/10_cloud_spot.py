@@ -293,3 +293,63 @@ def run_until_preempted(train_step, num_steps, save):
             return step
         train_step(step)
     return num_steps
+
+# %% 10.6 | the pseudo-gradient's sign flipped (θ_i − θ) | expect: pseudo-gradient's sign
+def diloco_sync(model, outer, buf, lr=0.7, momentum=0.9):
+    world = dist.get_world_size()
+    with torch.no_grad():
+        delta = [p.detach() - o for o, p in zip(outer, model.parameters())]
+        for d in delta:
+            dist.all_reduce(d)
+            d /= world
+        new_buf = [momentum * b + d for b, d in zip(buf, delta)]
+        new_outer = [o - lr * (d + momentum * b) for o, d, b in zip(outer, delta, new_buf)]
+        for p, o in zip(model.parameters(), new_outer):
+            p.copy_(o)
+    return new_outer, new_buf
+
+# %% 10.6 | forgets to reset the workers to the new θ (inner state kept) | expect: reset the inner state
+def diloco_sync(model, outer, buf, lr=0.7, momentum=0.9):
+    world = dist.get_world_size()
+    with torch.no_grad():
+        delta = [o - p.detach() for o, p in zip(outer, model.parameters())]
+        for d in delta:
+            dist.all_reduce(d)
+            d /= world
+        new_buf = [momentum * b + d for b, d in zip(buf, delta)]
+        new_outer = [o - lr * (d + momentum * b) for o, d, b in zip(outer, delta, new_buf)]
+    return new_outer, new_buf
+
+# %% 10.6 | averages the weights instead of the pseudo-gradients: momentum lost | expect: momentum lost
+def diloco_sync(model, outer, buf, lr=0.7, momentum=0.9):
+    world = dist.get_world_size()
+    with torch.no_grad():
+        avg = [p.detach().clone() for p in model.parameters()]
+        for a in avg:
+            dist.all_reduce(a)
+            a /= world
+        for p, a in zip(model.parameters(), avg):
+            p.copy_(a)
+    return avg, buf
+
+# %% 10.6 | sums the pseudo-gradients (forgets the world size) | expect: divide by the world size
+def diloco_sync(model, outer, buf, lr=0.7, momentum=0.9):
+    with torch.no_grad():
+        delta = [o - p.detach() for o, p in zip(outer, model.parameters())]
+        for d in delta:
+            dist.all_reduce(d)
+        new_buf = [momentum * b + d for b, d in zip(buf, delta)]
+        new_outer = [o - lr * (d + momentum * b) for o, d, b in zip(outer, delta, new_buf)]
+        for p, o in zip(model.parameters(), new_outer):
+            p.copy_(o)
+    return new_outer, new_buf
+
+# %% 10.6 | delegates to the course's outer step | expect: yourself
+def diloco_sync(model, outer, buf, lr=0.7, momentum=0.9):
+    world = dist.get_world_size()
+    with torch.no_grad():
+        avg = [p.detach().clone() for p in model.parameters()]
+        for a in avg:
+            dist.all_reduce(a)
+            a /= world
+        return diloco_round_end(model, outer, buf, avg, lr, momentum)
