@@ -2,16 +2,18 @@
 
     run = CapstoneRun("--parallel", "fsdp2", "--accum", 2, "--ckpt-dir", d)   # on each rank (inside launch)
     run.model, run.optimizer, run.scheduler, run.ckpt     # built exactly as scripts/train.py builds them
+    CapstoneRun(*argv, build=my_build)                    # ... or by my_build(args, device, world) (exercise 11.2)
     run.micro_batches(step)   # this rank's K micro-batches (x, y) of global batch `step`
     run.stop_requested()      # True on every rank once any rank got SIGTERM (one all_reduce(MAX))
-    steps_done = my_loop(run, my_step)                    # exercise 11.2, with my_step from exercise 11.1
+    steps_done = my_loop(run, my_step)                    # exercise 11.3, with my_step from exercise 11.1
 
 `scripts/train.py` is the reference solution; `reference_step` and `reference_loop` are its step and its
 loop without the spike guard, the drills and the logging — the same operations in the same order, so
 `reference_loop(run, reference_step)` ends in the same weights as the script, bit for bit
 (tests/test_capstone.py). `single_process_step` is the one-process reference a data-parallel step must
-equal; `step_trial` and `loop_trial` run a step or a loop on real ranks and return what a check needs;
-`plan_trial` runs one step of yours with the lesson's counters (`capstone_measure.Counters`), to check a plan.
+equal; `step_trial` runs a step on real ranks and returns what a check needs. `CapstoneRun(*argv,
+build=fn)` takes its model, optimizer, scheduler and checkpointer from `fn(args, device, world)` instead
+(exercise 11.2); `capstone_assembly` runs such a build, a loop and the levers on real ranks.
 bf16 here is FSDP2's MixedPrecisionPolicy only (the build leaves autocast, lesson 06's lever, out).
 Lesson 11.
 """
@@ -20,8 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
-import signal
 from typing import Callable
 
 import torch
@@ -32,17 +32,16 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from m11_helpers.config import TINY_GPT
 from m11_helpers.data import tokens
 from m11_helpers.fault_tolerance import PreemptionNotice, batch_indices
-from m11_helpers.reference_run import run_train, script_module
-from m11_helpers.sharded_checkpoint import Checkpointer, complete_steps, weights_checksum
+from m11_helpers.reference_run import script_module
+from m11_helpers.sharded_checkpoint import Checkpointer
 
-__all__ = ["CapstoneRun", "reference_step", "reference_loop", "single_process_step", "full_grads", "step_trial",
-           "loop_trial", "plan_trial"]
+__all__ = ["CapstoneRun", "reference_step", "reference_loop", "single_process_step", "full_grads", "step_trial"]
 
 
 class CapstoneRun:
     """One rank's pieces of the reference script for these command-line flags (call it on every rank)."""
 
-    def __init__(self, *argv):
+    def __init__(self, *argv, build: Callable | None = None):
         script = script_module()
         self.args = args = script.parse([str(a) for a in argv])
         if args.bf16 and args.parallel == "ddp":
@@ -51,10 +50,13 @@ class CapstoneRun:
         self.rank, self.world, self.device = script.setup(args)
         if args.batch % (self.world * args.accum):
             raise ValueError(f"--batch must be divisible by processes × --accum = {self.world * args.accum}")
-        self.model = script.build_model(args, self.device, self.world)
-        self.optimizer, self.scheduler = script.build_optimizer(args, self.model, self.device)
-        self.ckpt = Checkpointer(args.ckpt_dir, keep=args.keep, async_save=not args.sync_ckpt,
-                                 timeout=args.timeout) if args.ckpt_dir else None
+        if build is None:  # the script's own pieces
+            self.model = script.build_model(args, self.device, self.world)
+            self.optimizer, self.scheduler = script.build_optimizer(args, self.model, self.device)
+            self.ckpt = Checkpointer(args.ckpt_dir, keep=args.keep, async_save=not args.sync_ckpt,
+                                     timeout=args.timeout) if args.ckpt_dir else None
+        else:  # exercise 11.2: build(args, device, world) -> (model, optimizer, scheduler, checkpointer or None)
+            self.model, self.optimizer, self.scheduler, self.ckpt = build(args, self.device, self.world)
         self.steps, self.ckpt_every = args.steps, args.ckpt_every
         self.clip = args.clip if args.clip > 0 else math.inf  # the max_norm a step clips to
         self._x, self._y = tokens(n=args.data_size, seed=args.seed).tensors  # (n, T), (n, T)
@@ -179,59 +181,3 @@ def step_trial(train_step: Callable, cases: list[list], watch: Callable = contex
                     "grads": full_grads(run.model)})
         del run
     return out
-
-
-def loop_trial(train_loop: Callable, argv: list, folder: str, *, signal_at: int, signal_rank: int = 1,
-               train_step: Callable = reference_step, watch: Callable = contextlib.nullcontext) -> dict:
-    """On each rank: the script uninterrupted; then `train_loop` with a real SIGTERM to `signal_rank` in the middle
-    of step `signal_at`; then `train_loop` again on fresh objects (a restart: only the files survive).
-    Each loop runs inside `watch()`; an exception ends the trial with {"error": ...} (the evidence so far)."""
-    reference = run_train(*argv)  # the reference script, uninterrupted
-    out = {"reference": {"losses": reference["losses"], "checksum": reference["checksum"]}, "phases": [],
-           "error": None}
-    for phase in range(2):
-        run, losses = CapstoneRun(*argv, "--ckpt-dir", folder), []
-
-        def step(model, micro_batches, max_norm, run=run, losses=losses, phase=phase):
-            result = train_step(model, micro_batches, max_norm)
-            losses.append(result[0])
-            if phase == 0 and run.requested[-1] == signal_at and run.rank == signal_rank:
-                os.kill(os.getpid(), signal.SIGTERM)  # a spot notice to one rank, after its backward
-            return result
-
-        try:
-            with watch():
-                returned = train_loop(run, step)
-        except Exception as e:  # noqa: BLE001 - reported by the check, with a hint (a stub's NotImplementedError too)
-            out["error"] = f"{type(e).__name__}: {e}"
-            return out
-        out["phases"].append({"returned": returned, "steps": list(run.requested), "losses": losses,
-                              "checksum": weights_checksum(run.model), "complete": complete_steps(folder)})
-        dist.barrier()  # every rank has read the folder before the next phase writes into it
-        del run
-    return out
-
-
-def plan_trial(argv: list, train_step: Callable = reference_step) -> dict:
-    """On each rank: one optimizer step of `train_step` in the script's pieces for `argv`, counted as the lesson's
-    sweep counts the script (bytes held, elements moved). A step that raises (a stub not written yet, a bug) is
-    replaced by the script's, so a plan can be checked on its own; "step" says whose ran, "error" why not yours."""
-    from m11_helpers.capstone_measure import Counters
-
-    error = None
-    for step_fn, whose in ((train_step, "yours"), (reference_step, "the script's")):
-        run, counters = CapstoneRun(*argv), Counters()
-        counters.on_build(run.model)
-        try:
-            step_fn(run.model, run.micro_batches(0), run.clip)
-            run.optimizer.step()  # AdamW allocates its moments here: its hooks read the bytes around it
-            counters.on_step({})
-        except Exception as e:  # noqa: BLE001 - the learner's step: reported, and the script's runs instead
-            if step_fn is reference_step:
-                raise
-            error = f"{type(e).__name__}: {e}"[:200]
-            continue
-        finally:
-            counters.close()  # every hook removed, also after a failed step
-        return {"step": whose, "error": error, **counters.values}
-    raise AssertionError("unreachable")  # the script's step either returns or raises

@@ -6,15 +6,8 @@ import pytest
 import torch
 
 from m11_helpers.activations import activation_bytes
-from m11_helpers.capstone_build import (
-    CapstoneRun,
-    loop_trial,
-    plan_trial,
-    reference_loop,
-    reference_step,
-    single_process_step,
-    step_trial,
-)
+from m11_helpers.capstone_assembly import build_trial, capstone_trial, measured_levers
+from m11_helpers.capstone_build import CapstoneRun, reference_loop, reference_step, single_process_step, step_trial
 from m11_helpers.capstone_gpu import LEVER_CONFIGS, lever_rows, lever_table, predict_gpu_run, step_seconds
 from m11_helpers.capstone_measure import compare, sweep
 from m11_helpers.capstone_plan import (
@@ -32,6 +25,7 @@ from m11_helpers.config import RUNNING_EXAMPLE, TINY_GPT, TINY_LLAMA, param_coun
 from m11_helpers.launch import launch
 from m11_helpers.model_states import model_state_bytes
 from m11_helpers.models import tiny_gpt
+from m11_helpers.reference_run import run_train, script_module
 
 
 def test_param_shapes_count_the_tiny_gpt_exactly():
@@ -147,34 +141,47 @@ def test_step_equals_one_process_and_the_script(tmp_path):
         CapstoneRun("--parallel", "ddp", "--bf16")
 
 
-def test_reference_loop_resumes_after_sigterm_bit_for_bit_like_the_script(tmp_path):
-    argv = ["--parallel", "fsdp2", "--accum", 2, "--batch", 8, "--steps", 5, "--warmup", 1, "--ckpt-every", 2,
-            "--timeout", 30]
-    got = launch(loop_trial, reference_loop, argv, str(tmp_path), signal_at=1, num_processes=2, device="cpu",
-                 timeout=200, show_output=False)
-    for r in got:
-        first, second = r["phases"]
-        assert r["error"] is None and first["returned"] == 2 and 2 in first["complete"]  # agreed stop, saved
-        assert second["steps"] == [2, 3, 4] and second["returned"] == 5
-        assert 5 in second["complete"]  # the end of the run is checkpointed, off the ckpt-every grid too
-        assert first["losses"] + second["losses"] == r["reference"]["losses"]
-    assert got[0]["phases"][1]["checksum"] == got[0]["reference"]["checksum"] is not None
+def _as_a_learner_builds(args, device, world):  # the build hook, fed the script's own pieces
+    script = script_module()
+    model = script.build_model(args, device, world)
+    return (model, *script.build_optimizer(args, model, device), None)
 
 
-def _not_written(model, micro_batches, max_norm):
-    raise NotImplementedError("Exercise 11.1: not implemented yet")
+def _assembled(argv, folder):
+    """One launch: the trial of exercise 11.3 on the script's pieces and loop, the script itself, and the trial of
+    exercise 11.2 on the script's build and through the build hook."""
+    loop = capstone_trial(None, reference_step, reference_loop, argv, folder, signal_at=1)
+    builds = build_trial(None, [argv]) + build_trial(_as_a_learner_builds, [argv])
+    return loop, run_train(*argv), builds
 
 
-def _plan_trials(argv):
-    return plan_trial(argv, reference_step), plan_trial(argv, _not_written)
-
-
-def test_plan_trial_counts_a_step_of_the_build_like_the_sweep():
-    flags = Flags("fsdp2", ac=True)  # exercise 11.3's pick for 3 MB on 2 ranks
-    got = launch(_plan_trials, flags.argv() + ["--batch", 16], num_processes=2, device="cpu", show_output=False)
-    for rank, (yours, fallback) in enumerate(got):
-        planned = plan_run(flags, 2, 16, rank=rank)
-        assert yours["step"] == "yours" and yours["error"] is None
-        assert fallback["step"] == "the script's" and fallback["error"].startswith("NotImplementedError")
-        for measured in (yours, fallback):
+def test_the_assembled_run_resumes_bit_for_bit_like_the_script_and_its_build_is_counted_exactly(tmp_path):
+    flags = Flags("fsdp2", bf16=True, ac=True, accum=2)
+    argv = flags.argv() + ["--batch", 8, "--steps", 4, "--warmup", 1, "--ckpt-every", 2, "--timeout", 30]
+    got = launch(_assembled, argv, str(tmp_path), num_processes=2, device="cpu", timeout=240, show_output=False)
+    for rank, (loop, script, (ours, hooked)) in enumerate(got):
+        first, second = loop["phases"]
+        assert loop["error"] is None and loop["world"] == 2
+        assert first["returned"] == 2 and 2 in first["complete"]  # the agreed stop, saved
+        assert second["steps"] == [2, 3] and second["returned"] == 4 and 4 in second["complete"]
+        assert first["losses"] + second["losses"] == loop["straight"]["losses"] == script["losses"]  # bit for bit
+        assert ours["losses"] == hooked["losses"] == script["losses"]
+        planned = plan_run(flags, 2, 8, rank=rank)
+        for measured in (ours, hooked):
             assert [c for c in compare(planned, measured) if c["error"]] == [], rank  # exact, as the sweep
+            assert measured["comm_per_step"] == [planned["comm_elements"]] * 4
+        assert (ours["weights"] is None) == (rank != 0) and ours["checkpointer"] == "NoneType"
+    assert got[0][0]["phases"][1]["checksum"] == got[0][0]["straight"]["checksum"] == got[0][1]["checksum"]
+    torch.testing.assert_close(got[0][2][0]["weights"], got[0][2][1]["weights"], rtol=0, atol=0)
+
+
+def test_measured_levers_run_each_configuration_once_and_hold_the_plan(monkeypatch):
+    configs = [Flags("fsdp2", ac=True), Flags("fsdp2", bf16=True), Flags(accum=4)]  # the last twice: measured once
+    held = measured_levers(configs + [Flags(accum=4)], 2, 16)
+    assert list(held) == [str(f) for f in configs]
+    for f in configs:
+        p = plan_run(f, 2, 16)
+        assert held[str(f)]["held"] == p["total"] and held[str(f)]["comm_elements"] == p["comm_elements"]
+    monkeypatch.setattr("m11_helpers.launch.launch", lambda *a, **k: pytest.fail("measured again"))
+    assert measured_levers(configs[:1], 2, 16) == {str(configs[0]): held[str(configs[0])]}  # from the cache
+    assert measured_levers([Flags(accum=4)], 3, 16) == {}  # 16 rows do not split into 3 × 4: not run

@@ -120,7 +120,84 @@ def train_step(model, micro_batches, max_norm: float) -> tuple[float, float]:
     dist.all_reduce(total)  # the mean over the global batch: the same number on every rank
     return total.item() / dist.get_world_size(), norm.item()
 
-# %% 11.2 | stops without saving (counts on the last periodic checkpoint) | expect: save at that step boundary
+# %% 11.2 | shards under --bf16 with no mixed-precision policy: computes in fp32 | expect: MixedPrecisionPolicy(param_dtype=torch.bfloat16
+def build_run(args, device, world):
+    with torch.device("meta"):
+        model = TinyGPT(TINY_GPT)
+    if args.ac:
+        for block in model.blocks:
+            block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
+    mesh = init_device_mesh(device.type, (world,))
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    materialize(model, device, seed=args.seed)
+    params = list(model.parameters())
+    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": args.weight_decay},
+              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+    optimizer = torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.95), fused=True)
+    scheduler = warmup_cosine(optimizer, warmup=args.warmup, total=args.steps, floor=args.min_lr_ratio)
+    ckpt = Checkpointer(args.ckpt_dir, keep=args.keep, timeout=args.timeout) if args.ckpt_dir else None
+    return model, optimizer, scheduler, ckpt
+
+# %% 11.2 | ignores --ac: no block is recomputed | expect: checkpoint every block
+def build_run(args, device, world):
+    with torch.device("meta"):
+        model = TinyGPT(TINY_GPT)
+    mesh = init_device_mesh(device.type, (world,))
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if args.bf16 else None, reduce_dtype=torch.float32)
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
+    materialize(model, device, seed=args.seed)
+    params = list(model.parameters())
+    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": args.weight_decay},
+              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+    optimizer = torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.95), fused=True)
+    scheduler = warmup_cosine(optimizer, warmup=args.warmup, total=args.steps, floor=args.min_lr_ratio)
+    ckpt = Checkpointer(args.ckpt_dir, keep=args.keep, timeout=args.timeout) if args.ckpt_dir else None
+    return model, optimizer, scheduler, ckpt
+
+# %% 11.2 | one fully_shard for the whole model, none per block | expect: one fully_shard per block
+def build_run(args, device, world):
+    with torch.device("meta"):
+        model = TinyGPT(TINY_GPT)
+    if args.ac:
+        for block in model.blocks:
+            block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
+    mesh = init_device_mesh(device.type, (world,))
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if args.bf16 else None, reduce_dtype=torch.float32)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
+    materialize(model, device, seed=args.seed)
+    params = list(model.parameters())
+    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": args.weight_decay},
+              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+    optimizer = torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.95), fused=True)
+    scheduler = warmup_cosine(optimizer, warmup=args.warmup, total=args.steps, floor=args.min_lr_ratio)
+    ckpt = Checkpointer(args.ckpt_dir, keep=args.keep, timeout=args.timeout) if args.ckpt_dir else None
+    return model, optimizer, scheduler, ckpt
+
+# %% 11.2 | weight decay on every parameter, biases and norm gains too | expect: weight decay on the matrices only
+def build_run(args, device, world):
+    with torch.device("meta"):
+        model = TinyGPT(TINY_GPT)
+    if args.ac:
+        for block in model.blocks:
+            block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
+    mesh = init_device_mesh(device.type, (world,))
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if args.bf16 else None, reduce_dtype=torch.float32)
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
+    materialize(model, device, seed=args.seed)
+    params = list(model.parameters())
+    groups = [{"params": params, "weight_decay": args.weight_decay}]
+    optimizer = torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.95), fused=True)
+    scheduler = warmup_cosine(optimizer, warmup=args.warmup, total=args.steps, floor=args.min_lr_ratio)
+    ckpt = Checkpointer(args.ckpt_dir, keep=args.keep, timeout=args.timeout) if args.ckpt_dir else None
+    return model, optimizer, scheduler, ckpt
+
+# %% 11.3 | stops without saving (counts on the last periodic checkpoint) | expect: save at that step boundary
 def train_loop(run, train_step):
     state = {"scheduler": run.scheduler}
     resumed = run.ckpt.load(run.model, run.optimizer, **state)
@@ -138,7 +215,10 @@ def train_loop(run, train_step):
     run.ckpt.wait()
     return step
 
-# %% 11.2 | checkpoints the model and optimizer but not the scheduler | expect: the scheduler is state
+def launch_capstone(trial, *args, **kwargs):
+    return launch(trial, *args, num_processes=4, device="cpu", timeout=150, show_output=False, **kwargs)
+
+# %% 11.3 | checkpoints the model and optimizer but not the scheduler | expect: the scheduler is state
 def train_loop(run, train_step):
     resumed = run.ckpt.load(run.model, run.optimizer)
     step = resumed["step"] if resumed else 0
@@ -157,11 +237,14 @@ def train_loop(run, train_step):
     run.ckpt.wait()
     return step
 
-# %% 11.2 | resumes one step after the checkpoint (off by one) | expect: so step N runs next
+def launch_capstone(trial, *args, **kwargs):
+    return launch(trial, *args, num_processes=4, device="cpu", timeout=150, show_output=False, **kwargs)
+
+# %% 11.3 | starts the run on 2 ranks, not 4 | expect: num_processes=4
 def train_loop(run, train_step):
     state = {"scheduler": run.scheduler}
     resumed = run.ckpt.load(run.model, run.optimizer, **state)
-    step = resumed["step"] + 1 if resumed else 0
+    step = resumed["step"] if resumed else 0
     while step < run.steps:
         if run.stop_requested():
             run.ckpt.save(step, run.model, run.optimizer, **state)
@@ -177,108 +260,128 @@ def train_loop(run, train_step):
     run.ckpt.wait()
     return step
 
-# %% 11.2 | never clears the gradients between steps | expect: zero_grad
-def train_loop(run, train_step):
-    state = {"scheduler": run.scheduler}
-    resumed = run.ckpt.load(run.model, run.optimizer, **state)
-    step = resumed["step"] if resumed else 0
-    while step < run.steps:
-        if run.stop_requested():
-            run.ckpt.save(step, run.model, run.optimizer, **state)
-            run.ckpt.wait()
-            return step
-        train_step(run.model, run.micro_batches(step), run.clip)
-        run.optimizer.step()
-        run.scheduler.step()
-        step += 1
-        if step % run.ckpt_every == 0 or step == run.steps:
-            run.ckpt.save(step, run.model, run.optimizer, **state)
-    run.ckpt.wait()
-    return step
 
-# %% 11.2 | checkpoints only every ckpt_every steps, not the end of the run | expect: checkpoint the end of the run
-def train_loop(run, train_step):
-    state = {"scheduler": run.scheduler}
-    resumed = run.ckpt.load(run.model, run.optimizer, **state)
-    step = resumed["step"] if resumed else 0
-    while step < run.steps:
-        if run.stop_requested():
-            run.ckpt.save(step, run.model, run.optimizer, **state)
-            run.ckpt.wait()
-            return step
-        train_step(run.model, run.micro_batches(step), run.clip)
-        run.optimizer.step()
-        run.scheduler.step()
-        run.optimizer.zero_grad(set_to_none=True)
-        step += 1
-        if step % run.ckpt_every == 0:
-            run.ckpt.save(step, run.model, run.optimizer, **state)
-    run.ckpt.wait()
-    return step
+def launch_capstone(trial, *args, **kwargs):
+    return launch(trial, *args, num_processes=2, device="cpu", timeout=150, show_output=False, **kwargs)
 
-# %% 11.2 | delegates to the script's own loop | expect: write the loop yourself
-def train_loop(run, train_step):
-    return reference_loop(run, train_step)
+# %% 11.4 | fits on the model states alone, forgetting the activations | expect: the activations count too
+def pick_levers(budget, world_size=2, batch=16):
+    best, best_key = (None, None), None
+    for flags in FLAG_GRID:
+        if batch % (world_size * flags.accum):
+            continue
+        micro = batch // (world_size * flags.accum)
+        s = rank_model_states(param_shapes(), world_size, flags)
+        autocast = flags.bf16 and flags.parallel == "ddp"
+        acts = activation_bytes(TINY_GPT, micro, flash=True, dtype_bytes=2 if flags.bf16 else 4, autocast=autocast,
+                                recompute="full" if flags.ac else "none")["total"]
+        if flags.bf16 and not autocast:
+            acts -= cpu_bf16_norm_stats(TINY_GPT, micro, ac=flags.ac)
+        peak = s["parameters"] + s["gradients"] + s["optimizer"]
+        key = (flags.levers, comm_elements(flags, world_size)["total"], peak)
+        if peak <= budget and (best_key is None or key < best_key):
+            best, best_key = (flags, peak), key
+    return best
 
-# %% 11.3 | fits on the model states alone, forgetting the activations | expect: the activations count too
+# %% 11.4 | least communication first, then the fewest levers | expect: the fewest levers on first
+def pick_levers(budget, world_size=2, batch=16):
+    best, best_key = (None, None), None
+    for flags in FLAG_GRID:
+        if batch % (world_size * flags.accum):
+            continue
+        micro = batch // (world_size * flags.accum)
+        s = rank_model_states(param_shapes(), world_size, flags)
+        autocast = flags.bf16 and flags.parallel == "ddp"
+        acts = activation_bytes(TINY_GPT, micro, flash=True, dtype_bytes=2 if flags.bf16 else 4, autocast=autocast,
+                                recompute="full" if flags.ac else "none")["total"]
+        if flags.bf16 and not autocast:
+            acts -= cpu_bf16_norm_stats(TINY_GPT, micro, ac=flags.ac)
+        peak = s["parameters"] + s["gradients"] + s["optimizer"] + acts
+        key = (comm_elements(flags, world_size)["total"], flags.levers, peak)
+        if peak <= budget and (best_key is None or key < best_key):
+            best, best_key = (flags, peak), key
+    return best
+
+# %% 11.4 | counts the activations of all K micro-batches as alive at once | expect: ONE micro-batch's activations
+def pick_levers(budget, world_size=2, batch=16):
+    best, best_key = (None, None), None
+    for flags in FLAG_GRID:
+        if batch % (world_size * flags.accum):
+            continue
+        micro = batch // (world_size * flags.accum)
+        s = rank_model_states(param_shapes(), world_size, flags)
+        autocast = flags.bf16 and flags.parallel == "ddp"
+        acts = activation_bytes(TINY_GPT, micro, flash=True, dtype_bytes=2 if flags.bf16 else 4, autocast=autocast,
+                                recompute="full" if flags.ac else "none")["total"]
+        if flags.bf16 and not autocast:
+            acts -= cpu_bf16_norm_stats(TINY_GPT, micro, ac=flags.ac)
+        peak = s["parameters"] + s["gradients"] + s["optimizer"] + flags.accum * acts
+        key = (flags.levers, comm_elements(flags, world_size)["total"], peak)
+        if peak <= budget and (best_key is None or key < best_key):
+            best, best_key = (flags, peak), key
+    return best
+
+# %% 11.4 | plans as one process: nothing sharded, the whole batch on rank 0 | expect: per rank
+def pick_levers(budget, world_size=2, batch=16):
+    best, best_key = (None, None), None
+    for flags in FLAG_GRID:
+        if batch % (world_size * flags.accum):
+            continue
+        micro = batch // flags.accum
+        s = rank_model_states(param_shapes(), 1, flags)
+        autocast = flags.bf16 and flags.parallel == "ddp"
+        acts = activation_bytes(TINY_GPT, micro, flash=True, dtype_bytes=2 if flags.bf16 else 4, autocast=autocast,
+                                recompute="full" if flags.ac else "none")["total"]
+        if flags.bf16 and not autocast:
+            acts -= cpu_bf16_norm_stats(TINY_GPT, micro, ac=flags.ac)
+        peak = s["parameters"] + s["gradients"] + s["optimizer"] + acts
+        key = (flags.levers, comm_elements(flags, world_size)["total"], peak)
+        if peak <= budget and (best_key is None or key < best_key):
+            best, best_key = (flags, peak), key
+    return best
+
+# %% 11.4 | reports the model states as the plan, without the activations | expect: ONE micro-batch's activations
+def pick_levers(budget, world_size=2, batch=16):
+    best, best_key = (None, None), None
+    for flags in FLAG_GRID:
+        if batch % (world_size * flags.accum):
+            continue
+        micro = batch // (world_size * flags.accum)
+        s = rank_model_states(param_shapes(), world_size, flags)
+        autocast = flags.bf16 and flags.parallel == "ddp"
+        acts = activation_bytes(TINY_GPT, micro, flash=True, dtype_bytes=2 if flags.bf16 else 4, autocast=autocast,
+                                recompute="full" if flags.ac else "none")["total"]
+        if flags.bf16 and not autocast:
+            acts -= cpu_bf16_norm_stats(TINY_GPT, micro, ac=flags.ac)
+        peak = s["parameters"] + s["gradients"] + s["optimizer"] + acts
+        key = (flags.levers, comm_elements(flags, world_size)["total"], peak)
+        if peak <= budget and (best_key is None or key < best_key):
+            best, best_key = (flags, peak - acts), key
+    return best
+
+# %% 11.4 | plans CUDA's fp32 LayerNorm statistics (the GPU's numbers), not this CPU's bf16 ones | expect: measured
+def pick_levers(budget, world_size=2, batch=16):
+    best, best_key = (None, None), None
+    for flags in FLAG_GRID:
+        if batch % (world_size * flags.accum):
+            continue
+        micro = batch // (world_size * flags.accum)
+        s = rank_model_states(param_shapes(), world_size, flags)
+        autocast = flags.bf16 and flags.parallel == "ddp"
+        acts = activation_bytes(TINY_GPT, micro, flash=True, dtype_bytes=2 if flags.bf16 else 4, autocast=autocast,
+                                recompute="full" if flags.ac else "none")["total"]
+        peak = s["parameters"] + s["gradients"] + s["optimizer"] + acts
+        key = (flags.levers, comm_elements(flags, world_size)["total"], peak)
+        if peak <= budget and (best_key is None or key < best_key):
+            best, best_key = (flags, peak), key
+    return best
+
+# %% 11.4 | asks the lesson's planner instead of deriving the plan | expect: derive the plan from its pieces
 def pick_levers(budget, world_size=2, batch=16):
     best, best_key = (None, None), None
     for flags in FLAG_GRID:
         p = plan_run(flags, world_size, batch)
-        if p["states"] > budget:
-            continue
-        key = (flags.levers, p["bytes_sent"], p["total"])
-        if best_key is None or key < best_key:
+        key = (flags.levers, p["comm_elements"], p["total"])
+        if p["total"] <= budget and (best_key is None or key < best_key):
             best, best_key = (flags, p["total"]), key
-    return best
-
-# %% 11.3 | least communication first, then the fewest levers | expect: the fewest levers on first
-def pick_levers(budget, world_size=2, batch=16):
-    best, best_key = (None, None), None
-    for flags in FLAG_GRID:
-        p = plan_run(flags, world_size, batch)
-        if p["total"] > budget:
-            continue
-        key = (p["bytes_sent"], flags.levers, p["total"])
-        if best_key is None or key < best_key:
-            best, best_key = (flags, p["total"]), key
-    return best
-
-# %% 11.3 | counts the activations of all K micro-batches as alive at once | expect: ONE micro-batch's activations
-def pick_levers(budget, world_size=2, batch=16):
-    best, best_key = (None, None), None
-    for flags in FLAG_GRID:
-        p = plan_run(flags, world_size, batch)
-        total = p["states"] + flags.accum * p["activations"]
-        if total > budget:
-            continue
-        key = (flags.levers, p["bytes_sent"], total)
-        if best_key is None or key < best_key:
-            best, best_key = (flags, total), key
-    return best
-
-# %% 11.3 | plans as one process (world_size left at 1): nothing sharded, the whole batch | expect: per rank
-def pick_levers(budget, world_size=2, batch=16):
-    best, best_key = (None, None), None
-    for flags in FLAG_GRID:
-        if batch % flags.accum:
-            continue
-        p = plan_run(flags, 1, batch)
-        if p["total"] > budget:
-            continue
-        key = (flags.levers, p["bytes_sent"], p["total"])
-        if best_key is None or key < best_key:
-            best, best_key = (flags, p["total"]), key
-    return best
-
-# %% 11.3 | reports the model states as the plan, without the activations | expect: ONE micro-batch's activations
-def pick_levers(budget, world_size=2, batch=16):
-    best, best_key = (None, None), None
-    for flags in FLAG_GRID:
-        p = plan_run(flags, world_size, batch)
-        if p["total"] > budget:
-            continue
-        key = (flags.levers, p["bytes_sent"], p["total"])
-        if best_key is None or key < best_key:
-            best, best_key = (flags, p["states"]), key
     return best

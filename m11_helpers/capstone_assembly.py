@@ -1,0 +1,162 @@
+"""The capstone assembled by the learner: their build, step and loop on real ranks, against the script and a measurement.
+
+    got = launch(build_trial, my_build, [argv], num_processes=2)        # exercise 11.2: the build, counted
+    ref = reference_build([argv], 2)                                     # the script's pieces, same trial (cached)
+    got = launch(capstone_trial, my_build, my_step, my_loop, argv, folder, signal_at=1, num_processes=4)
+    held = measured_levers(FLAG_GRID, 2, 16)    # {str(flags): {"held", "comm_elements", ...}}: real runs (cached)
+
+`build_trial` runs a few optimizer steps of the script's step (`capstone_build.reference_step`) in the
+pieces `build(args, device, world)` returns, with the lesson's counters (`capstone_measure.Counters`:
+bytes held per kind, activations of one micro-batch, elements moved per step) and returns rank 0's
+weights in full; `reference_build` is the same trial on the script's own pieces, so the two differ
+only in the build. `capstone_trial` is the assembled run: the learner's build, step and loop once
+straight through (no checkpoint), then interrupted by a real SIGTERM to one rank in the middle of a
+step, then restarted on fresh objects (only the files survive). `measured_levers` runs the reference
+script once per lever configuration (one step, counted) and keeps what each held: the sweep the lever
+choice of exercise 11.4 is judged against, not the planner's output. The caches live in the calling
+process (a notebook's kernel): each configuration is launched once per kernel. Lesson 11.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from typing import Callable
+
+import torch.distributed as dist
+
+from m11_helpers.capstone_build import CapstoneRun, reference_step
+from m11_helpers.sharded_checkpoint import complete_steps, weights_checksum
+
+__all__ = ["build_trial", "reference_build", "capstone_trial", "measured_levers", "HELD"]
+
+HELD = ("parameters", "gradients", "optimizer", "activations")  # what a rank holds at its peak, by kind
+_BUILDS: dict = {}  # (argv..., world) -> the script's pieces' trial, per rank
+_LEVERS: dict = {}  # (str(flags), world, batch) -> rank 0's measured bytes and elements
+
+
+def _full_weights(model) -> dict | None:
+    """Rank 0: every weight in full, by name (a collective under FSDP2); None elsewhere."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return {k: v.detach().clone() for k, v in full.items()} if dist.get_rank() == 0 else None
+
+
+def _apply(run: CapstoneRun, step_fn: Callable, step: int) -> float:
+    """One optimizer step as the script applies it: step → optimizer → scheduler → gradients cleared."""
+    loss, _ = step_fn(run.model, run.micro_batches(step), run.clip)
+    run.optimizer.step()
+    run.scheduler.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    return loss
+
+
+def build_trial(build: Callable | None, cases: list[list], watch: Callable = contextlib.nullcontext) -> list[dict]:
+    """On each rank, per argv: the pieces of `build` (None: the script's), `--steps` steps of the script's step,
+    counted; {"error"} when the build raises (inside `watch()`), else the counters, losses and rank 0's weights."""
+    from m11_helpers.capstone_measure import Counters
+
+    out = []
+    for argv in cases:
+        counters = Counters()
+        try:
+            with watch():
+                run = CapstoneRun(*argv, build=build)
+        except Exception as e:  # noqa: BLE001 - reported by the check (a stub's NotImplementedError too)
+            out.append({"argv": argv, "error": f"{type(e).__name__}: {e}"[:300]})
+            continue
+        counters.on_build(run.model)  # where the script calls it: after the model and the optimizer exist
+        try:
+            losses = []
+            for step in range(run.steps):
+                losses.append(_apply(run, reference_step, step))
+                counters.on_step({})
+        finally:
+            counters.close()
+        out.append({"argv": argv, "error": None, **counters.values, "comm_per_step": counters.per_step,
+                    "losses": losses, "weights": _full_weights(run.model), "world": run.world,
+                    "checkpointer": type(run.ckpt).__name__})
+        del run
+    return out
+
+
+def reference_build(cases: list[list], world_size: int) -> list[list[dict]]:
+    """`build_trial` of the script's own pieces on `world_size` CPU ranks, launched once per kernel per argv."""
+    from m11_helpers.launch import launch
+
+    key = (tuple(tuple(str(a) for a in argv) for argv in cases), world_size)
+    if key not in _BUILDS:
+        _BUILDS[key] = launch(build_trial, None, cases, num_processes=world_size, device="cpu", timeout=240,
+                              show_output=False)
+    return _BUILDS[key]
+
+
+def _straight(run: CapstoneRun, train_step: Callable) -> list[float]:
+    return [_apply(run, train_step, step) for step in range(run.steps)]
+
+
+def _script_loop_forbidden(*args, **kwargs):
+    from m11_helpers.grading.observe import ForbiddenCall
+
+    raise ForbiddenCall("called m11_helpers.capstone_build.reference_loop: write the loop yourself, not the script's")
+
+
+def capstone_trial(build: Callable, train_step: Callable, train_loop: Callable, argv: list, folder: str, *,
+                   signal_at: int, signal_rank: int = 1, forbid_script_loop: bool = False) -> dict:
+    """On each rank: your build, step and loop — straight through (no checkpoint, the script's loop order); then
+    `train_loop` with a real SIGTERM to `signal_rank` in the middle of step `signal_at`; then `train_loop` again on
+    fresh objects (a restart: only the files survive). An exception ends the trial with {"error": ...} and the
+    evidence so far. `forbid_script_loop`: `reference_loop` raises in this rank (its code swapped, which costs
+    nothing per call, where a profiler hook would slow every Python call of the run several times over)."""
+    from m11_helpers.capstone_build import reference_loop
+
+    if forbid_script_loop:  # this rank is a fork: the kernel's function stays as it is
+        reference_loop.__code__ = _script_loop_forbidden.__code__
+    out = {"world": dist.get_world_size(), "straight": None, "phases": [], "error": None}
+    try:
+        run = CapstoneRun(*argv, build=build)
+        out["straight"] = {"losses": _straight(run, train_step), "checksum": weights_checksum(run.model)}
+        del run
+        for phase in range(2):
+            run, losses = CapstoneRun(*argv, "--ckpt-dir", folder, build=build), []
+
+            def step(model, micro_batches, max_norm, run=run, losses=losses, phase=phase):
+                result = train_step(model, micro_batches, max_norm)
+                losses.append(result[0])
+                if phase == 0 and run.requested[-1] == signal_at and run.rank == signal_rank:
+                    os.kill(os.getpid(), signal.SIGTERM)  # a spot notice to one rank, after its backward
+                return result
+
+            returned = train_loop(run, step)
+            out["phases"].append({"returned": returned, "steps": list(run.requested), "losses": losses,
+                                  "checksum": weights_checksum(run.model), "complete": complete_steps(folder)})
+            dist.barrier()  # every rank has read the folder before the next phase writes into it
+            del run
+    except Exception as e:  # noqa: BLE001 - reported by the check, with a hint (a stub's NotImplementedError too)
+        out["error"] = f"{type(e).__name__}: {e}"[:300]
+    return out
+
+
+def _lever_sweep(argvs: list[list]) -> list[dict]:
+    """On each rank: one counted step of the reference script per argv (capstone_measure.sweep, trimmed)."""
+    from m11_helpers.capstone_measure import sweep
+
+    return [{k: r[k] for k in (*HELD, "comm_elements")} for r in sweep(argvs)]
+
+
+def measured_levers(configs, world_size: int = 2, batch: int = 16) -> dict[str, dict]:
+    """{str(flags): what rank 0 held and moved in one real step of the script with those levers}: the configurations
+    not measured yet in this process run in one launch; "held" is parameters + gradients + optimizer + activations."""
+    from m11_helpers.launch import launch
+
+    todo = [f for f in dict.fromkeys(configs) if (str(f), world_size, batch) not in _LEVERS]
+    fits = [f for f in todo if batch % (world_size * f.accum) == 0]  # the others cannot run at this batch
+    if fits:
+        argvs = [f.argv() + ["--steps", 1, "--warmup", 1, "--batch", batch, "--log-every", 1] for f in fits]
+        got = launch(_lever_sweep, argvs, num_processes=world_size, device="cpu", timeout=300, show_output=False)[0]
+        for f, r in zip(fits, got):
+            _LEVERS[str(f), world_size, batch] = {**r, "held": sum(r[k] for k in HELD)}
+    return {str(f): _LEVERS[str(f), world_size, batch] for f in configs if (str(f), world_size, batch) in _LEVERS}
+
