@@ -29,6 +29,7 @@ from m11_helpers.config import TransformerConfig
 from m11_helpers.flash_backward import allocation_profile, flash_backward
 from m11_helpers.memory import saved_activation_bytes
 from m11_helpers.op_trace import trace_dispatch
+from m11_helpers.timing import synchronize
 from m11_helpers.validate import positive_int, positive_real
 
 __all__ = ["A100_SRAM_BYTES", "A100_SHARED_MEMORY_BYTES", "naive_attention", "online_softmax_update", "tiled_attention", "flash_attention",
@@ -263,8 +264,10 @@ def step_memory(seq_len: int, head_dim: int = 64, block: int = 128, causal: bool
             "flash (recompute)": lambda: flash_attention(*leaves, block, block, causal)}
     out = {}
     for name, forward in runs.items():
+        synchronize()
         t0 = time.perf_counter()
         out[name] = allocation_profile(lambda f=forward: torch.autograd.grad(f(), leaves, do))
+        synchronize()  # a GPU returns before its kernels end: read the clock once they have
         out[name]["seconds"] = time.perf_counter() - t0
     return out
 

@@ -78,7 +78,7 @@ def resume_run(folder: str, phase: str, steps: int = 2, sizes: tuple[int, ...] =
     read = load_shards(opt, folder) if phase == "resume" else []
     gen = torch.Generator().manual_seed(seed + 1 + (phase == "resume"))
     for _ in range(steps):
-        x = torch.randn(4 * n, sizes[0], generator=gen).chunk(n)[rank].to(dev)  # (4, d_in): this rank's rows
+        x = torch.randn(4 * n, sizes[0], generator=gen).to(dev).chunk(n)[rank]  # (4, d_in): this rank's rows
         model(x).pow(2).mean().backward()
         for p, q in zip(model.parameters(), ref.parameters()):
             q.grad = p.grad.clone()  # the same local gradient; averaged below exactly as opt.step() does

@@ -1185,7 +1185,8 @@ def sharded_clip_(local_params, max_norm: float) -> torch.Tensor:
     held = [p for p in local_params if p.grad is not None]
     own = [p.grad.pow(2).sum() for p in held if not getattr(p, "replicated", False)]
     shared = [p.grad.pow(2).sum() for p in held if getattr(p, "replicated", False)]
-    sq = torch.stack(own).sum() if own else torch.zeros(())  # () this rank's own sum of squares
+    dev = held[0].grad.device if held else torch.get_default_device()  # the sum lives where the gradients do
+    sq = torch.stack(own).sum() if own else torch.zeros((), device=dev)  # () this rank's own sum of squares
     if shared:
         sq = sq + torch.stack(shared).sum()  # a replicated parameter counts once: on rank 0
     dist.all_reduce(sq, op=dist.ReduceOp.SUM)  # one number per rank on the wire
