@@ -74,7 +74,7 @@ def collect(p: LaunchPlan, pids: list[int], pipes, timeout: float, show_output: 
             break
         ready, _, _ = select.select(list(open_fds), [], [], min(wait, 0.5))
         for fd in ready:
-            chunk = os.read(fd, 1 << 16)
+            chunk = os.read(fd, 1 << 20)  # a result of many MB arrives in few reads
             if fd in out_fds:
                 if chunk:
                     output[out_fds[fd]] += chunk
@@ -105,7 +105,10 @@ def collect(p: LaunchPlan, pids: list[int], pipes, timeout: float, show_output: 
         if stall_timeout is not None and not failures:
             # A deadlock costs (almost) no CPU: every rank sleeps in a send or receive nobody will match.
             # Anything that computes, even starved on a loaded machine, gets far more than IDLE_SHARE.
-            pending = tuple(r for r in range(n) if not reported(r))
+            # A rank whose result has begun to arrive is writing it (blocked on a full pipe while we read), not stalled.
+            pending = tuple(r for r in range(n) if not reported(r) and not buffers[r])
+            if not pending:
+                continue
             now, cpu = time.monotonic(), _cpu_seconds([pids[r] for r in pending])
             if pending != watched:  # a rank reported: its CPU leaves the sum, so start over
                 watched, samples = pending, []
