@@ -66,3 +66,18 @@ def test_refresh_rewrites_an_old_setup_cell_and_nothing_else(tmp_path):
     current.write_text(src.read_text(encoding="utf-8"), encoding="utf-8")
     assert refresh_notebooks([old, current]) == [old]
     assert old.read_text(encoding="utf-8") == src.read_text(encoding="utf-8")  # only the setup cell changed
+
+
+def test_scheduler_units_go_costliest_first_and_keep_each_units_order():
+    from support.units import cost_order, unit_of
+
+    wa = "tests/test_wrong_answers.py::test_{}[{}]"
+    assert unit_of(wa.format("wrong_answers_score_zero_with_their_hint", "11_capstone")) == \
+        unit_of(wa.format("one_kernel_verdict", "11_capstone-0")) == "tests/test_wrong_answers.py::11_capstone"
+    assert unit_of("course/04_model_parallel.ipynb::Cell 3") == unit_of("tests/test_browser.py::test_x") == "course"
+    ids = ["tests/test_a.py::t1", "tests/test_b.py::t1", "tests/test_a.py::t2", "tests/test_c.py::t1",
+           "tests/test_c.py::t2", "tests/test_c.py::t3"]
+    ordered = sorted(ids, key=cost_order(ids, {"tests/test_b.py": 90.0, "tests/test_a.py": 5.0}))
+    # b (90 s), a (5 s), then c (no seconds recorded) by its number of tests; each unit's tests in file order
+    assert ordered == ["tests/test_b.py::t1", "tests/test_a.py::t1", "tests/test_a.py::t2",
+                       "tests/test_c.py::t1", "tests/test_c.py::t2", "tests/test_c.py::t3"]

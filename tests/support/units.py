@@ -31,7 +31,7 @@ def unit_of(nodeid: str) -> str:
     if path.startswith("course/") or path in COURSE_FILES:
         return "course"
     if path == "tests/test_wrong_answers.py" and nodeid.endswith("]"):
-        return f"{path}::{nodeid.rsplit('[', 1)[1].split('-')[0]}"  # [02_collectives], [00_welcome-0]
+        return f"{path}::{nodeid.rsplit('[', 1)[1].rstrip(']').split('-')[0]}"  # [02_collectives], [00_welcome-0]
     return path
 
 
