@@ -35,11 +35,7 @@ DEMO = Path(__file__).parent / "data" / "grading" / "solutions" / "00_demo.ipynb
 # the equivalence sample: the grader's fixture, lesson 00, and the first of these lessons
 CHEAP = ("01_hardware", "08_activation_checkpointing", "07_gradient_accumulation", "03_data_parallel",
          "06_mixed_precision", "09_efficiency", "02_collectives", "05_zero_fsdp", "04_model_parallel")
-# lessons whose graded run alone is over the 90 s per-test budget (CONTRIBUTING): that many graded runs, each
-# the whole solution then every k-th wrong answer, as scheduler units of their own (lesson 11: 97 s in CI)
-SPLIT = {"11_capstone": 2}
-PARTS = [(p, i, SPLIT.get(p.stem, 1)) for p in [DEMO, *SOLUTIONS] for i in range(SPLIT.get(p.stem, 1))]
-_runs: dict = {}  # one graded run per lesson (or per part of a split one), shared by the tests below
+_runs: dict[Path, tuple] = {}  # one graded run per lesson, shared by the tests below
 
 
 def _answers(solution: Path):
@@ -48,11 +44,10 @@ def _answers(solution: Path):
     return parse(path.read_text(encoding="utf-8"), str(path))
 
 
-def _run(solution: Path, part: int = 0, parts: int = 1) -> tuple[list[str], list]:
-    key = solution if parts == 1 else (solution, part)
-    if key not in _runs:
-        _runs[key] = run_wrong_answers(solution, None if parts == 1 else _answers(solution)[part::parts])
-    return _runs[key]
+def _run(solution: Path) -> tuple[list[str], list]:
+    if solution not in _runs:
+        _runs[solution] = run_wrong_answers(solution)
+    return _runs[solution]
 
 
 def test_parse_reads_headers_and_rejects_malformed_ones():
@@ -85,10 +80,9 @@ def test_a_lesson_without_a_wrong_answers_file_fails(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(NOTEBOOK_TIMEOUT + MARGIN_S)
-@pytest.mark.parametrize("solution, part, parts", PARTS,
-                         ids=[p.stem if k == 1 else f"{p.stem}.{i + 1}of{k}" for p, i, k in PARTS])
-def test_wrong_answers_score_zero_with_their_hint(solution, part, parts):
-    failures, verdicts = _run(solution, part, parts)
+@pytest.mark.parametrize("solution", [DEMO, *SOLUTIONS], ids=[DEMO.stem, *(p.stem for p in SOLUTIONS)])
+def test_wrong_answers_score_zero_with_their_hint(solution):
+    failures, verdicts = _run(solution)
     assert not failures, f"the solution itself does not score full marks: {failures}"
     bad = [(v.answer.exercise, v.answer.mistake, v.message.splitlines()[0] if v.message else "passed")
            for v in verdicts if not (v.scored_zero and v.hint_ok)]
