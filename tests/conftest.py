@@ -25,9 +25,10 @@ import warnings
 from pathlib import Path
 
 import nbformat
+import psutil
 import pytest
 
-from support.units import cost_order, known_seconds, record, unit_of
+from support.units import cost_order, known_seconds, record, unit_of, unit_seconds
 from support.wheel import ROOT, cleanup, kernel_env, kernel_records, stuck_kernels, wheel_site
 
 ANCHOR = "test_course_notebooks.py"  # collecting this file collects the course notebooks' copies
@@ -186,7 +187,8 @@ def _wheel_records() -> list[dict]:
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    _state["started"] = time.monotonic()
+    # wall time from the process's start, the span its CPU seconds (imports and collection too) were spent in
+    _state["started"] = time.monotonic() - (time.time() - psutil.Process().create_time())
 
 
 def _cpu_seconds(*who: int) -> tuple[float, float]:
@@ -228,9 +230,7 @@ def _write_units_line(terminalreporter) -> None:
     seconds = _state.get("seconds", {})
     if hasattr(terminalreporter.config, "workerinput") or not seconds:
         return
-    units: dict[str, float] = {}
-    for nodeid, s in seconds.items():
-        units[unit_of(nodeid)] = units.get(unit_of(nodeid), 0.0) + s
+    units = unit_seconds(seconds)
     top = sorted(units.items(), key=lambda kv: -kv[1])[:5]
     terminalreporter.write_line("m11 units: costliest " + ", ".join(f"{u} {s:.0f} s" for u, s in top))
     record({**known_seconds(), **units})  # units this run did not run keep their last seconds

@@ -69,7 +69,7 @@ def test_refresh_rewrites_an_old_setup_cell_and_nothing_else(tmp_path):
 
 
 def test_scheduler_units_go_costliest_first_and_keep_each_units_order():
-    from support.units import cost_order, unit_of
+    from support.units import cost_order, unit_of, unit_seconds
 
     wa = "tests/test_wrong_answers.py::test_{}[{}]"
     assert unit_of(wa.format("wrong_answers_score_zero_with_their_hint", "11_capstone")) == \
@@ -81,3 +81,7 @@ def test_scheduler_units_go_costliest_first_and_keep_each_units_order():
     # b (90 s), a (5 s), then c (no seconds recorded) by its number of tests; each unit's tests in file order
     assert ordered == ["tests/test_b.py::t1", "tests/test_a.py::t1", "tests/test_a.py::t2",
                        "tests/test_c.py::t1", "tests/test_c.py::t2", "tests/test_c.py::t3"]
+    # a lesson's wrong-answer run and its sample check are one unit's seconds, the course with its deck tests
+    assert unit_seconds({wa.format("a", "11_capstone"): 60.0, wa.format("b", "11_capstone-0"): 1.5,
+                         "course/00_welcome.ipynb::Cell 0": 2.0, "tests/test_browser.py::test_x": 3.0}) == \
+        {"tests/test_wrong_answers.py::11_capstone": 61.5, "course": 5.0}

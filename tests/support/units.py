@@ -1,6 +1,7 @@
 """The suite's scheduler units and what each costs: the longest are sent to the xdist workers first.
 
     scope = unit_of(nodeid)          # the unit a test runs in (a test file; the course; one lesson's wrong answers)
+    units = unit_seconds(seconds)    # {nodeid: s} -> {unit: s}, what `m11 units:` prints and record() keeps
     items.sort(key=cost_order(items))    # most expensive unit first, each unit's tests in their own order
 
 A unit runs whole on one worker (tests/conftest.py's scheduler). pytest-xdist sends units in the order
@@ -57,6 +58,14 @@ def cost_order(nodeids: list[str], seconds: dict[str, float] | None = None):
         return (-seconds.get(unit, 0.0), -counts[unit], unit)
 
     return key
+
+
+def unit_seconds(test_seconds: dict[str, float]) -> dict[str, float]:
+    """{unit: seconds} summed from {nodeid: seconds} (setup, call and teardown already added per test)."""
+    units: dict[str, float] = defaultdict(float)
+    for nodeid, s in test_seconds.items():
+        units[unit_of(nodeid)] += s
+    return dict(units)
 
 
 def record(units: dict[str, float], path: Path = MEASURED) -> None:
