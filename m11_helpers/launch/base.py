@@ -101,7 +101,7 @@ def launch_plan(num_processes: int = 2, device: str = "auto", threads_per_proces
     return LaunchPlan(num_processes, "cuda" if use_cuda else "cpu", "nccl" if use_cuda else "gloo", threads_per_process)
 
 
-def _exit_reason(pid: int) -> str:
+def exit_reason(pid: int) -> str:
     """Why a child ended, from its wait status (it may still be exiting: wait briefly)."""
     for _ in range(50):
         with contextlib.suppress(ChildProcessError):

@@ -20,7 +20,7 @@ import struct
 import time
 from typing import Any
 
-from m11_helpers.launch.base import LaunchError, LaunchPlan, LaunchTimeout, _exit_reason
+from m11_helpers.launch.base import LaunchError, LaunchPlan, LaunchTimeout, exit_reason
 from m11_helpers.procs import kill_groups
 
 DRAIN_S = 1.0  # after the ranks' groups are killed, EOF is immediate; this bounds a pipe held elsewhere
@@ -85,7 +85,7 @@ def collect(p: LaunchPlan, pids: list[int], pipes, timeout: float, show_output: 
             if not chunk:  # EOF: the rank is gone
                 open_fds.discard(fd)
                 if not reported(r):
-                    failures[r] = f"died ({_exit_reason(pids[r])}) before returning"
+                    failures[r] = f"died ({exit_reason(pids[r])}) before returning"
                 continue
             buffers[r] += chunk
             while len(buffers[r]) >= 8:
