@@ -1,6 +1,181 @@
 """Recorded wrong answers for solutions/05_zero_fsdp.ipynb (format: m11_helpers/grading/authoring/wrong_answers.py)."""
 
+# %% 5.1 | counts numel × element_size of each tensor as given: an FSDP2 DTensor reports the whole parameter | expect: DTensor
+def rank_state_bytes(model, optimizer) -> dict[str, int]:
+    def size(tensors):
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    params = list(model.parameters())
+    state = [v for s in getattr(optimizer, "state", {}).values() for v in s.values() if torch.is_tensor(v)]
+    state += [v for v in vars(optimizer).values() if torch.is_tensor(v)]
+    return {"weights": size(params), "grads": size(p.grad for p in params if p.grad is not None),
+            "optimizer": size(t for t in state if t.dim() > 0)}
+
+
+def per_gpu_bytes(num_params: int, world_size: int, stage: int, layout) -> int:
+    shard = -(-num_params // world_size)  # ⌈Ψ/N⌉: the flat buffer is padded to N equal parts
+
+    def held(bytes_per_param: int, sharded_from: int) -> int:
+        return bytes_per_param * (shard if stage >= sharded_from else num_params)
+
+    # ZeRO §5.1: P_os (stage 1) = master + moments, P_g (stage 2) = gradients, P_p (stage 3) = weights
+    return held(layout.master + layout.optimizer, 1) + held(layout.grads, 2) + held(layout.weights, 3)
+
+# %% 5.1 | reads only optimizer.state: the course's ShardedAdamW keeps its shards as attributes | expect: attributes
+def rank_state_bytes(model, optimizer) -> dict[str, int]:
+    def stored(tensors):
+        storages = {}
+        for t in tensors:
+            t = t.to_local() if isinstance(t, DTensor) else t
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return sum(storages.values())
+
+    params = list(model.parameters())
+    state = [v for s in getattr(optimizer, "state", {}).values() for v in s.values() if torch.is_tensor(v)]
+    return {"weights": stored(params), "grads": stored(p.grad for p in params if p.grad is not None),
+            "optimizer": stored(t for t in state if t.dim() > 0)}
+
+
+def per_gpu_bytes(num_params: int, world_size: int, stage: int, layout) -> int:
+    shard = -(-num_params // world_size)  # ⌈Ψ/N⌉: the flat buffer is padded to N equal parts
+
+    def held(bytes_per_param: int, sharded_from: int) -> int:
+        return bytes_per_param * (shard if stage >= sharded_from else num_params)
+
+    # ZeRO §5.1: P_os (stage 1) = master + moments, P_g (stage 2) = gradients, P_p (stage 3) = weights
+    return held(layout.master + layout.optimizer, 1) + held(layout.grads, 2) + held(layout.weights, 3)
+
+# %% 5.1 | counts AdamW's 0-dim step counters as optimizer state | expect: step counters
+def rank_state_bytes(model, optimizer) -> dict[str, int]:
+    def stored(tensors):
+        storages = {}
+        for t in tensors:
+            t = t.to_local() if isinstance(t, DTensor) else t
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return sum(storages.values())
+
+    params = list(model.parameters())
+    state = [v for s in getattr(optimizer, "state", {}).values() for v in s.values() if torch.is_tensor(v)]
+    state += [v for v in vars(optimizer).values() if torch.is_tensor(v)]
+    return {"weights": stored(params), "grads": stored(p.grad for p in params if p.grad is not None),
+            "optimizer": stored(state)}
+
+
+def per_gpu_bytes(num_params: int, world_size: int, stage: int, layout) -> int:
+    shard = -(-num_params // world_size)  # ⌈Ψ/N⌉: the flat buffer is padded to N equal parts
+
+    def held(bytes_per_param: int, sharded_from: int) -> int:
+        return bytes_per_param * (shard if stage >= sharded_from else num_params)
+
+    # ZeRO §5.1: P_os (stage 1) = master + moments, P_g (stage 2) = gradients, P_p (stage 3) = weights
+    return held(layout.master + layout.optimizer, 1) + held(layout.grads, 2) + held(layout.weights, 3)
+
+# %% 5.1 | counts each local shard's numel × element_size: FSDP2's padded rows go uncounted at 3 ranks | expect: pads each parameter's rows
+def rank_state_bytes(model, optimizer) -> dict[str, int]:
+    def size(tensors):
+        local = [t.to_local() if isinstance(t, DTensor) else t for t in tensors]
+        return sum(t.numel() * t.element_size() for t in local)
+
+    params = list(model.parameters())
+    state = [v for s in getattr(optimizer, "state", {}).values() for v in s.values() if torch.is_tensor(v)]
+    state += [v for v in vars(optimizer).values() if torch.is_tensor(v)]
+    return {"weights": size(params), "grads": size(p.grad for p in params if p.grad is not None),
+            "optimizer": size(t for t in state if t.dim() > 0)}
+
+
+def per_gpu_bytes(num_params: int, world_size: int, stage: int, layout) -> int:
+    shard = -(-num_params // world_size)  # ⌈Ψ/N⌉: the flat buffer is padded to N equal parts
+
+    def held(bytes_per_param: int, sharded_from: int) -> int:
+        return bytes_per_param * (shard if stage >= sharded_from else num_params)
+
+    # ZeRO §5.1: P_os (stage 1) = master + moments, P_g (stage 2) = gradients, P_p (stage 3) = weights
+    return held(layout.master + layout.optimizer, 1) + held(layout.grads, 2) + held(layout.weights, 3)
+
+# %% 5.1 | counts every tensor's storage, views of one buffer again and again | expect: count each storage once
+def rank_state_bytes(model, optimizer) -> dict[str, int]:
+    def stored(tensors):
+        local = [t.to_local() if isinstance(t, DTensor) else t for t in tensors]
+        return sum(t.untyped_storage().nbytes() for t in local)
+
+    params = list(model.parameters())
+    state = [v for s in getattr(optimizer, "state", {}).values() for v in s.values() if torch.is_tensor(v)]
+    state += [v for v in vars(optimizer).values() if torch.is_tensor(v)]
+    return {"weights": stored(params), "grads": stored(p.grad for p in params if p.grad is not None),
+            "optimizer": stored(t for t in state if t.dim() > 0)}
+
+
+def per_gpu_bytes(num_params: int, world_size: int, stage: int, layout) -> int:
+    shard = -(-num_params // world_size)  # ⌈Ψ/N⌉: the flat buffer is padded to N equal parts
+
+    def held(bytes_per_param: int, sharded_from: int) -> int:
+        return bytes_per_param * (shard if stage >= sharded_from else num_params)
+
+    # ZeRO §5.1: P_os (stage 1) = master + moments, P_g (stage 2) = gradients, P_p (stage 3) = weights
+    return held(layout.master + layout.optimizer, 1) + held(layout.grads, 2) + held(layout.weights, 3)
+
+# %% 5.1 | counts every tensor the optimizer reaches, its parameters included | expect: weights only
+def rank_state_bytes(model, optimizer) -> dict[str, int]:
+    def stored(tensors):
+        storages = {}
+        for t in tensors:
+            t = t.to_local() if isinstance(t, DTensor) else t
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return sum(storages.values())
+
+    params = list(model.parameters())
+    state = [v for s in getattr(optimizer, "state", {}).values() for v in s.values() if torch.is_tensor(v)]
+    state += [v for v in vars(optimizer).values() if torch.is_tensor(v)]
+    state += [p for g in getattr(optimizer, "param_groups", []) for p in g["params"]] + getattr(optimizer, "params", [])
+    return {"weights": stored(params), "grads": stored(p.grad for p in params if p.grad is not None),
+            "optimizer": stored(t for t in state if t.dim() > 0)}
+
+
+def per_gpu_bytes(num_params: int, world_size: int, stage: int, layout) -> int:
+    shard = -(-num_params // world_size)  # ⌈Ψ/N⌉: the flat buffer is padded to N equal parts
+
+    def held(bytes_per_param: int, sharded_from: int) -> int:
+        return bytes_per_param * (shard if stage >= sharded_from else num_params)
+
+    # ZeRO §5.1: P_os (stage 1) = master + moments, P_g (stage 2) = gradients, P_p (stage 3) = weights
+    return held(layout.master + layout.optimizer, 1) + held(layout.grads, 2) + held(layout.weights, 3)
+
+# %% 5.1 | asks ShardedAdamW for its own count | expect: measure the tensors yourself
+def rank_state_bytes(model, optimizer) -> dict[str, int]:
+    params = list(model.parameters())
+    if hasattr(optimizer, "state_bytes"):
+        opt_bytes = optimizer.state_bytes()
+    else:
+        opt_bytes = sum(v.numel() * v.element_size() for s in optimizer.state.values() for v in s.values() if v.dim() > 0)
+    return {"weights": sum(p.numel() * p.element_size() for p in params),
+            "grads": sum(p.grad.numel() * p.grad.element_size() for p in params), "optimizer": opt_bytes}
+
+
+def per_gpu_bytes(num_params: int, world_size: int, stage: int, layout) -> int:
+    shard = -(-num_params // world_size)  # ⌈Ψ/N⌉: the flat buffer is padded to N equal parts
+
+    def held(bytes_per_param: int, sharded_from: int) -> int:
+        return bytes_per_param * (shard if stage >= sharded_from else num_params)
+
+    # ZeRO §5.1: P_os (stage 1) = master + moments, P_g (stage 2) = gradients, P_p (stage 3) = weights
+    return held(layout.master + layout.optimizer, 1) + held(layout.grads, 2) + held(layout.weights, 3)
+
 # %% 5.1 | shards the gradients from stage 1 (off by one stage) | expect: and nothing else
+def rank_state_bytes(model, optimizer) -> dict[str, int]:
+    def stored(tensors) -> int:
+        storages = {}  # storage address -> bytes: views of one storage count once
+        for t in tensors:
+            t = t.to_local() if isinstance(t, DTensor) else t  # a DTensor's shape is global; this rank holds its shard
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()  # padding included
+        return sum(storages.values())
+
+    params = list(model.parameters())
+    state = [v for s in getattr(optimizer, "state", {}).values() for v in s.values() if torch.is_tensor(v)]
+    state += [v for v in vars(optimizer).values() if torch.is_tensor(v)]  # ShardedAdamW keeps its shards as attributes
+    return {"weights": stored(params), "grads": stored(p.grad for p in params if p.grad is not None),
+            "optimizer": stored(t for t in state if t.dim() > 0)}  # 0-dim step counters: no bytes per parameter
+
+
 def per_gpu_bytes(num_params, world_size, stage, layout):
     shard = -(-num_params // world_size)
     optim = (layout.master + layout.optimizer) * (shard if stage >= 1 else num_params)
@@ -9,6 +184,21 @@ def per_gpu_bytes(num_params, world_size, stage, layout):
     return optim + grads + weights
 
 # %% 5.1 | leaves the fp32 master copy replicated at stages 1-2 | expect: master copy
+def rank_state_bytes(model, optimizer) -> dict[str, int]:
+    def stored(tensors) -> int:
+        storages = {}  # storage address -> bytes: views of one storage count once
+        for t in tensors:
+            t = t.to_local() if isinstance(t, DTensor) else t  # a DTensor's shape is global; this rank holds its shard
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()  # padding included
+        return sum(storages.values())
+
+    params = list(model.parameters())
+    state = [v for s in getattr(optimizer, "state", {}).values() for v in s.values() if torch.is_tensor(v)]
+    state += [v for v in vars(optimizer).values() if torch.is_tensor(v)]  # ShardedAdamW keeps its shards as attributes
+    return {"weights": stored(params), "grads": stored(p.grad for p in params if p.grad is not None),
+            "optimizer": stored(t for t in state if t.dim() > 0)}  # 0-dim step counters: no bytes per parameter
+
+
 def per_gpu_bytes(num_params, world_size, stage, layout):
     shard = -(-num_params // world_size)
     optim = layout.optimizer * (shard if stage >= 1 else num_params)
@@ -18,6 +208,21 @@ def per_gpu_bytes(num_params, world_size, stage, layout):
     return optim + master + grads + weights
 
 # %% 5.1 | divides Ψ by N exactly (no padding to ⌈Ψ/N⌉) | expect: ⌈Ψ/N⌉
+def rank_state_bytes(model, optimizer) -> dict[str, int]:
+    def stored(tensors) -> int:
+        storages = {}  # storage address -> bytes: views of one storage count once
+        for t in tensors:
+            t = t.to_local() if isinstance(t, DTensor) else t  # a DTensor's shape is global; this rank holds its shard
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()  # padding included
+        return sum(storages.values())
+
+    params = list(model.parameters())
+    state = [v for s in getattr(optimizer, "state", {}).values() for v in s.values() if torch.is_tensor(v)]
+    state += [v for v in vars(optimizer).values() if torch.is_tensor(v)]  # ShardedAdamW keeps its shards as attributes
+    return {"weights": stored(params), "grads": stored(p.grad for p in params if p.grad is not None),
+            "optimizer": stored(t for t in state if t.dim() > 0)}  # 0-dim step counters: no bytes per parameter
+
+
 def per_gpu_bytes(num_params, world_size, stage, layout):
     shard = num_params / world_size
     optim = (layout.master + layout.optimizer) * (shard if stage >= 1 else num_params)
@@ -26,12 +231,42 @@ def per_gpu_bytes(num_params, world_size, stage, layout):
     return optim + grads + weights
 
 # %% 5.1 | hard-codes the ZeRO paper's 2 + 2 + 12 bytes for every layout | expect: layout's own bytes
+def rank_state_bytes(model, optimizer) -> dict[str, int]:
+    def stored(tensors) -> int:
+        storages = {}  # storage address -> bytes: views of one storage count once
+        for t in tensors:
+            t = t.to_local() if isinstance(t, DTensor) else t  # a DTensor's shape is global; this rank holds its shard
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()  # padding included
+        return sum(storages.values())
+
+    params = list(model.parameters())
+    state = [v for s in getattr(optimizer, "state", {}).values() for v in s.values() if torch.is_tensor(v)]
+    state += [v for v in vars(optimizer).values() if torch.is_tensor(v)]  # ShardedAdamW keeps its shards as attributes
+    return {"weights": stored(params), "grads": stored(p.grad for p in params if p.grad is not None),
+            "optimizer": stored(t for t in state if t.dim() > 0)}  # 0-dim step counters: no bytes per parameter
+
+
 def per_gpu_bytes(num_params, world_size, stage, layout):
     shard = -(-num_params // world_size)
     return 12 * (shard if stage >= 1 else num_params) + 2 * (shard if stage >= 2 else num_params) \
         + 2 * (shard if stage >= 3 else num_params)
 
 # %% 5.1 | delegates to model_states.model_state_bytes | expect: yourself
+def rank_state_bytes(model, optimizer) -> dict[str, int]:
+    def stored(tensors) -> int:
+        storages = {}  # storage address -> bytes: views of one storage count once
+        for t in tensors:
+            t = t.to_local() if isinstance(t, DTensor) else t  # a DTensor's shape is global; this rank holds its shard
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()  # padding included
+        return sum(storages.values())
+
+    params = list(model.parameters())
+    state = [v for s in getattr(optimizer, "state", {}).values() for v in s.values() if torch.is_tensor(v)]
+    state += [v for v in vars(optimizer).values() if torch.is_tensor(v)]  # ShardedAdamW keeps its shards as attributes
+    return {"weights": stored(params), "grads": stored(p.grad for p in params if p.grad is not None),
+            "optimizer": stored(t for t in state if t.dim() > 0)}  # 0-dim step counters: no bytes per parameter
+
+
 def per_gpu_bytes(num_params, world_size, stage, layout):
     return model_state_bytes(num_params, layout, world_size, stage)["total"]
 

@@ -889,44 +889,115 @@ def train_fp16(model, batches, scaler, lr: float = 0.05, max_norm: float = 1.0):
         scales.append(scaler.get_scale())
     return losses, scales
 
-# %% 6.2 | delegates to torch.nn.utils.clip_grad_norm_ | expect: write the clipping yourself
-def clip_global_norm_(parameters, max_norm):
-    return torch.nn.utils.clip_grad_norm_(parameters, max_norm)
-
-# %% 6.2 | clips each tensor by its own norm | expect: not one norm per tensor
-def clip_global_norm_(parameters, max_norm):
-    grads = [p.grad for p in parameters if p.grad is not None]
-    total = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
-    for g in grads:
-        g.mul_(torch.clamp(max_norm / (torch.linalg.vector_norm(g) + 1e-6), max=1.0))
+# %% 6.2 | takes the norms in FP16: the scaled gradient's norm overflows though no element does | expect: FP32
+def unscale_clip_(params16, master, scale: float, max_norm: float) -> torch.Tensor:
+    pairs = [(p.grad, m) for p, m in zip(params16, master) if p.grad is not None]
+    total = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g, _ in pairs])).float() / scale
+    if not torch.isfinite(total):
+        return total
+    factor = torch.clamp(max_norm / (total + 1e-6), max=1.0) / scale
+    for g, m in pairs:
+        m.grad = g.float() * factor
     return total
 
-# %% 6.2 | scales small gradients up to max_norm (no min with 1) | expect: never scale a gradient UP
-def clip_global_norm_(parameters, max_norm):
-    grads = [p.grad for p in parameters if p.grad is not None]
-    total = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
-    for g in grads:
-        g.mul_(max_norm / (total + 1e-6))
-    return total
+# %% 6.2 | clips with the scaled gradient's norm (clip before unscaling) | expect: TRUE norm
+def unscale_clip_(params16, master, scale: float, max_norm: float) -> torch.Tensor:
+    pairs = [(p.grad, m) for p, m in zip(params16, master) if p.grad is not None]
+    scaled = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g, dtype=torch.float32) for g, _ in pairs]))
+    if not torch.isfinite(scaled):
+        return scaled
+    factor = torch.clamp(max_norm / (scaled + 1e-6), max=1.0) / scale
+    for g, m in pairs:
+        m.grad = g.float() * factor
+    return scaled / scale
 
-# %% 6.2 | iterates the parameters twice (a generator is empty the second time) | expect: generator is used up
-def clip_global_norm_(parameters, max_norm):
-    total = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in parameters
-                                                  if p.grad is not None]))
+# %% 6.2 | unscales in FP16, then upcasts: the smallest true gradients underflow | expect: upcast to FP32 first
+def unscale_clip_(params16, master, scale: float, max_norm: float) -> torch.Tensor:
+    pairs = [(p.grad, m) for p, m in zip(params16, master) if p.grad is not None]
+    scaled = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g, dtype=torch.float32) for g, _ in pairs]))
+    total = scaled / scale
+    if not torch.isfinite(total):
+        return total
     coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-    for p in parameters:
+    for g, m in pairs:
+        m.grad = (g / scale).float() * coef
+    return total
+
+# %% 6.2 | scales a small gradient up: no clamp at 1 | expect: never scale a gradient up
+def unscale_clip_(params16, master, scale: float, max_norm: float) -> torch.Tensor:
+    pairs = [(p.grad, m) for p, m in zip(params16, master) if p.grad is not None]
+    scaled = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g, dtype=torch.float32) for g, _ in pairs]))
+    total = scaled / scale
+    if not torch.isfinite(total):
+        return total
+    factor = max_norm / (total + 1e-6) / scale
+    for g, m in pairs:
+        m.grad = g.float() * factor
+    return total
+
+# %% 6.2 | writes the master gradients even on an overflow (the optimizer then steps on inf) | expect: no gradient written
+def unscale_clip_(params16, master, scale: float, max_norm: float) -> torch.Tensor:
+    pairs = [(p.grad, m) for p, m in zip(params16, master) if p.grad is not None]
+    scaled = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g, dtype=torch.float32) for g, _ in pairs]))
+    total = scaled / scale
+    factor = torch.clamp(max_norm / (total + 1e-6), max=1.0) / scale
+    for g, m in pairs:
+        m.grad = g.float() * factor
+    return total
+
+# %% 6.2 | tests the norm with isinf: a NaN passes as a clean step | expect: isinf misses NaN
+def unscale_clip_(params16, master, scale: float, max_norm: float) -> torch.Tensor:
+    pairs = [(p.grad, m) for p, m in zip(params16, master) if p.grad is not None]
+    scaled = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g, dtype=torch.float32) for g, _ in pairs]))
+    total = scaled / scale
+    if torch.isinf(total):
+        return total
+    factor = torch.clamp(max_norm / (total + 1e-6), max=1.0) / scale
+    for g, m in pairs:
+        m.grad = g.float() * factor
+    return total
+
+# %% 6.2 | gives a frozen parameter's master a zero gradient | expect: skip p.grad is None
+def unscale_clip_(params16, master, scale: float, max_norm: float) -> torch.Tensor:
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params16]
+    scaled = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g, dtype=torch.float32) for g in grads]))
+    total = scaled / scale
+    if not torch.isfinite(total):
+        return total
+    factor = torch.clamp(max_norm / (total + 1e-6), max=1.0) / scale
+    for g, m in zip(grads, master):
+        m.grad = g.float() * factor
+    return total
+
+# %% 6.2 | unscales, then calls torch's clip_grad_norm_ | expect: write the unscaling and the clipping yourself
+def unscale_clip_(params16, master, scale: float, max_norm: float) -> torch.Tensor:
+    for p, m in zip(params16, master):
         if p.grad is not None:
-            p.grad.mul_(coef)
+            m.grad = p.grad.float() / scale
+    return torch.nn.utils.clip_grad_norm_([m for m in master if m.grad is not None], max_norm)
+
+# %% 6.2 | clips each tensor by its own norm | expect: one factor for every tensor
+def unscale_clip_(params16, master, scale: float, max_norm: float) -> torch.Tensor:
+    pairs = [(p.grad, m) for p, m in zip(params16, master) if p.grad is not None]
+    norms = [torch.linalg.vector_norm(g, dtype=torch.float32) / scale for g, _ in pairs]
+    total = torch.linalg.vector_norm(torch.stack(norms))
+    if not torch.isfinite(total):
+        return total
+    for (g, m), own in zip(pairs, norms):
+        m.grad = g.float() * (torch.clamp(max_norm / (own + 1e-6), max=1.0) / scale)
     return total
 
-# %% 6.2 | returns the norm after clipping | expect: BEFORE clipping
-def clip_global_norm_(parameters, max_norm):
-    grads = [p.grad for p in parameters if p.grad is not None]
-    total = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+# %% 6.2 | returns the norm after clipping | expect: before clipping
+def unscale_clip_(params16, master, scale: float, max_norm: float) -> torch.Tensor:
+    pairs = [(p.grad, m) for p, m in zip(params16, master) if p.grad is not None]
+    scaled = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g, dtype=torch.float32) for g, _ in pairs]))
+    total = scaled / scale
+    if not torch.isfinite(total):
+        return total
     coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-    for g in grads:
-        g.mul_(coef)
-    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+    for g, m in pairs:
+        m.grad = g.float() * (coef / scale)
+    return total * coef
 
 # %% 6.3 | one scale for the whole tensor (per-tensor amax) | expect: not one for the whole tensor
 E4M3 = torch.float8_e4m3fn

@@ -75,24 +75,61 @@ def train_with_accumulation(model, optimizer, batches, K: int) -> int:
         steps += 1
     return steps
 
-# %% 7.3 | mean loss per micro-batch, divided by K (mean of means) | expect: total token count
-def token_weighted_losses(per_token_losses, masks):
-    K = len(masks)
-    return [(l * m).sum() / m.sum() / K for l, m in zip(per_token_losses, masks)]
+# %% 7.3 | divides by this rank's own token count (the mistake one level up) | expect: token count alone
+def token_weighted_window(ddp_model, micro_batches) -> None:
+    count = sum(m.sum() for _, _, m in micro_batches)
+    for x, y, mask in micro_batches:
+        per_token = F.mse_loss(ddp_model(x), y, reduction="none").mean(-1)
+        ((per_token * mask).sum() / count).backward()
 
-# %% 7.3 | forgets the mask: padded positions count | expect: padding
-def token_weighted_losses(per_token_losses, masks):
-    total = sum(l.numel() for l in per_token_losses)
-    return [l.sum() / total for l in per_token_losses]
+# %% 7.3 | mean of each micro-batch's token mean, divided by K | expect: token count alone
+def token_weighted_window(ddp_model, micro_batches) -> None:
+    for x, y, mask in micro_batches:
+        per_token = F.mse_loss(ddp_model(x), y, reduction="none").mean(-1)
+        ((per_token * mask).sum() / mask.sum() / len(micro_batches)).backward()
 
-# %% 7.3 | masks the sum but counts every position, padding included | expect: padding
-def token_weighted_losses(per_token_losses, masks):
-    total = sum(m.numel() for m in masks)
-    return [(l * m).sum() / total for l, m in zip(per_token_losses, masks)]
+# %% 7.3 | the global count, but forgets that DDP averages the ranks' gradients | expect: multiply each rank's loss by the world size
+def token_weighted_window(ddp_model, micro_batches) -> None:
+    count = sum(m.sum() for _, _, m in micro_batches)
+    dist.all_reduce(count)
+    for x, y, mask in micro_batches:
+        per_token = F.mse_loss(ddp_model(x), y, reduction="none").mean(-1)
+        ((per_token * mask).sum() / count).backward()
 
-# %% 7.3 | delegates to the lesson's helper | expect: write the normalisation yourself
-def token_weighted_losses(per_token_losses, masks):
-    return course_loop.token_weighted_losses(per_token_losses, masks)
+# %% 7.3 | counts every position, padding included | expect: padding counts for nothing
+def token_weighted_window(ddp_model, micro_batches) -> None:
+    count = sum(torch.ones_like(m).sum() for _, _, m in micro_batches)  # every position
+    dist.all_reduce(count)
+    for x, y, mask in micro_batches:
+        per_token = F.mse_loss(ddp_model(x), y, reduction="none").mean(-1)
+        ((per_token * mask).sum() / count * dist.get_world_size()).backward()
+
+# %% 7.3 | all-reduces the count once per micro-batch | expect: once
+def token_weighted_window(ddp_model, micro_batches) -> None:
+    counts = []
+    for _, _, m in micro_batches:
+        c = m.sum()
+        dist.all_reduce(c)
+        counts.append(c)
+    count = sum(counts)
+    for x, y, mask in micro_batches:
+        per_token = F.mse_loss(ddp_model(x), y, reduction="none").mean(-1)
+        ((per_token * mask).sum() / count * dist.get_world_size()).backward()
+
+# %% 7.3 | builds the count with torch.tensor(...): a CPU tensor, which NCCL rejects on a GPU | expect: device
+def token_weighted_window(ddp_model, micro_batches) -> None:
+    count = torch.tensor(float(sum(m.sum().item() for _, _, m in micro_batches)))
+    dist.all_reduce(count)
+    for x, y, mask in micro_batches:
+        per_token = F.mse_loss(ddp_model(x), y, reduction="none").mean(-1)
+        ((per_token * mask).sum() / count * dist.get_world_size()).backward()
+
+# %% 7.3 | delegates to the lesson's helper, with the local count | expect: normalise the window yourself
+def token_weighted_window(ddp_model, micro_batches) -> None:
+    from m11_helpers.gradient_accumulation import token_weighted_losses
+    outs = [F.mse_loss(ddp_model(x), y, reduction="none").mean(-1) for x, y, _ in micro_batches]
+    for loss in token_weighted_losses(outs, [m for _, _, m in micro_batches]):
+        (loss * dist.get_world_size()).backward()
 
 # %% 7.4 | all-reduces each micro-batch's gradient as it comes: right gradients, K× the traffic | expect: not one per micro-batch
 def accumulate_and_sync(model, micro_batches) -> None:
