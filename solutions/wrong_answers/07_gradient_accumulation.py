@@ -116,7 +116,7 @@ def token_weighted_window(ddp_model, micro_batches) -> None:
         per_token = F.mse_loss(ddp_model(x), y, reduction="none").mean(-1)
         ((per_token * mask).sum() / count * dist.get_world_size()).backward()
 
-# %% 7.3 | builds the count with torch.tensor(...): a CPU tensor, which NCCL rejects on a GPU | expect: device
+# %% 7.3 | builds the count with torch.tensor(...): a CPU tensor, which NCCL rejects on a GPU | expect: No backend type associated with device type cpu
 def token_weighted_window(ddp_model, micro_batches) -> None:
     count = torch.tensor(float(sum(m.sum().item() for _, _, m in micro_batches)))
     dist.all_reduce(count)
