@@ -353,3 +353,218 @@ def diloco_sync(model, outer, buf, lr=0.7, momentum=0.9):
             dist.all_reduce(a)
             a /= world
         return diloco_round_end(model, outer, buf, avg, lr, momentum)
+
+# %% 10.7 | saves synchronously with dcp.save | expect: a synchronous save
+def save_async(folder, step, model, opt, group):
+    model_sd, optim_sd = get_state_dict(model, opt)
+    final = step_dir(folder, step)
+    tmp = final.with_name(final.name + ".tmp")
+    dcp.save({"model": model_sd, "optim": optim_sd, "step": step}, checkpoint_id=tmp, process_group=group)
+    if dist.get_rank() == 0:
+        os.replace(tmp, final)
+        fsync_dir(folder)
+    published = Future()
+    published.set_result(step)
+    return published
+
+
+def load_newest(folder, model, opt, group):
+    published = sorted(p for p in Path(folder).glob("step_*") if p.suffix != ".tmp" and (p / ".metadata").is_file())
+    if not published:
+        return None
+    model_sd, optim_sd = get_state_dict(model, opt)
+    state = {"model": model_sd, "optim": optim_sd, "step": 0}
+    dcp.load(state, checkpoint_id=published[-1], process_group=group)
+    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    return state["step"]
+
+# %% 10.7 | waits on async_save's future right after calling it | expect: save_async waited for the write
+def save_async(folder, step, model, opt, group):
+    model_sd, optim_sd = get_state_dict(model, opt)
+    final = step_dir(folder, step)
+    tmp = final.with_name(final.name + ".tmp")
+    dcp.async_save({"model": model_sd, "optim": optim_sd, "step": step}, checkpoint_id=tmp,
+                   process_group=group).result()
+    if dist.get_rank() == 0:
+        os.replace(tmp, final)
+        fsync_dir(folder)
+    published = Future()
+    published.set_result(step)
+    return published
+
+
+def load_newest(folder, model, opt, group):
+    published = sorted(p for p in Path(folder).glob("step_*") if p.suffix != ".tmp" and (p / ".metadata").is_file())
+    if not published:
+        return None
+    model_sd, optim_sd = get_state_dict(model, opt)
+    state = {"model": model_sd, "optim": optim_sd, "step": 0}
+    dcp.load(state, checkpoint_id=published[-1], process_group=group)
+    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    return state["step"]
+
+# %% 10.7 | writes every save over the one checkpoint folder | expect: inside a fresh step_N.tmp/
+def save_async(folder, step, model, opt, group):
+    model_sd, optim_sd = get_state_dict(model, opt)
+    return dcp.async_save({"model": model_sd, "optim": optim_sd, "step": step},
+                          checkpoint_id=Path(folder) / "step_latest", process_group=group)
+
+
+def load_newest(folder, model, opt, group):
+    published = sorted(p for p in Path(folder).glob("step_*") if p.suffix != ".tmp" and (p / ".metadata").is_file())
+    if not published:
+        return None
+    model_sd, optim_sd = get_state_dict(model, opt)
+    state = {"model": model_sd, "optim": optim_sd, "step": 0}
+    dcp.load(state, checkpoint_id=published[-1], process_group=group)
+    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    return state["step"]
+
+# %% 10.7 | publishes the folder before the write has finished | expect: published only after its write finished
+def save_async(folder, step, model, opt, group):
+    model_sd, optim_sd = get_state_dict(model, opt)
+    final = step_dir(folder, step)
+    tmp = final.with_name(final.name + ".tmp")
+    dcp.async_save({"model": model_sd, "optim": optim_sd, "step": step}, checkpoint_id=tmp, process_group=group)
+    if dist.get_rank() == 0:  # "the save has started: it is as good as done"
+        tmp.mkdir(parents=True, exist_ok=True)
+        os.replace(tmp, final)
+    published = Future()
+    published.set_result(step)
+    return published
+
+
+def load_newest(folder, model, opt, group):
+    published = sorted(p for p in Path(folder).glob("step_*") if p.suffix != ".tmp" and (p / ".metadata").is_file())
+    if not published:
+        return None
+    model_sd, optim_sd = get_state_dict(model, opt)
+    state = {"model": model_sd, "optim": optim_sd, "step": 0}
+    dcp.load(state, checkpoint_id=published[-1], process_group=group)
+    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    return state["step"]
+
+# %% 10.7 | each rank torch.saves its own shards in a thread (rank-local files) | expect: cannot be resharded
+def save_async(folder, step, model, opt, group):
+    from concurrent.futures import ThreadPoolExecutor
+
+    rank = dist.get_rank()
+    state = {"model": {k: v.detach().clone() for k, v in model.state_dict().items()}, "step": step,
+             "optim": opt.state_dict()}
+    final = step_dir(folder, step)
+    tmp = final.with_name(final.name + ".tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+
+    def write():
+        torch.save(state, tmp / f"rank{rank}.pt")
+        dist.barrier(group=group)
+        if rank == 0:
+            os.replace(tmp, final)
+        return step
+
+    return ThreadPoolExecutor(1).submit(write)
+
+
+def load_newest(folder, model, opt, group):
+    published = sorted(p for p in Path(folder).glob("step_*") if p.suffix != ".tmp" and (p / ".metadata").is_file())
+    if not published:
+        return None
+    model_sd, optim_sd = get_state_dict(model, opt)
+    state = {"model": model_sd, "optim": optim_sd, "step": 0}
+    dcp.load(state, checkpoint_id=published[-1], process_group=group)
+    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    return state["step"]
+
+# %% 10.7 | saves the model only, not the optimizer | expect: no optimizer state
+def save_async(folder, step, model, opt, group):
+    model_sd, _ = get_state_dict(model, opt)
+    final = step_dir(folder, step)
+    tmp = final.with_name(final.name + ".tmp")
+    written = dcp.async_save({"model": model_sd, "step": step}, checkpoint_id=tmp, process_group=group)
+    published = Future()
+
+    def publish(done):
+        done.result()
+        if dist.get_rank() == 0:
+            os.replace(tmp, final)
+            fsync_dir(folder)
+        published.set_result(step)
+
+    written.add_done_callback(publish)
+    return published
+
+
+def load_newest(folder, model, opt, group):
+    published = sorted(p for p in Path(folder).glob("step_*") if p.suffix != ".tmp" and (p / ".metadata").is_file())
+    if not published:
+        return None
+    model_sd, optim_sd = get_state_dict(model, opt)
+    state = {"model": model_sd, "optim": optim_sd, "step": 0}
+    dcp.load(state, checkpoint_id=published[-1], process_group=group)
+    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    return state["step"]
+
+# %% 10.7 | gathers the full state onto rank 0 and saves that | expect: gathered onto one rank
+def save_async(folder, step, model, opt, group):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    model_sd, optim_sd = get_state_dict(model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    final = step_dir(folder, step)
+    tmp = final.with_name(final.name + ".tmp")
+    written = dcp.async_save({"model": model_sd, "optim": optim_sd, "step": step}, checkpoint_id=tmp,
+                             process_group=group)
+    published = Future()
+
+    def publish(done):
+        done.result()
+        if dist.get_rank() == 0:
+            os.replace(tmp, final)
+            fsync_dir(folder)
+        published.set_result(step)
+
+    written.add_done_callback(publish)
+    return published
+
+
+def load_newest(folder, model, opt, group):
+    published = sorted(p for p in Path(folder).glob("step_*") if p.suffix != ".tmp" and (p / ".metadata").is_file())
+    if not published:
+        return None
+    model_sd, optim_sd = get_state_dict(model, opt)
+    state = {"model": model_sd, "optim": optim_sd, "step": 0}
+    dcp.load(state, checkpoint_id=published[-1], process_group=group)
+    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    return state["step"]
+
+# %% 10.7 | loads the newest step folder, a killed save's .tmp included | expect: a killed save leaves a step_N.tmp/
+def save_async(folder, step, model, opt, group):
+    model_sd, optim_sd = get_state_dict(model, opt)
+    final = step_dir(folder, step)
+    tmp = final.with_name(final.name + ".tmp")
+    written = dcp.async_save({"model": model_sd, "optim": optim_sd, "step": step}, checkpoint_id=tmp,
+                             process_group=group)
+    published = Future()
+
+    def publish(done):
+        try:
+            done.result()
+            if dist.get_rank() == 0:
+                os.replace(tmp, final)
+                fsync_dir(folder)
+            published.set_result(step)
+        except BaseException as e:
+            published.set_exception(e)
+
+    written.add_done_callback(publish)
+    return published
+
+
+def load_newest(folder, model, opt, group):
+    folders = sorted(Path(folder).glob("step_*"))
+    if not folders:
+        return None
+    model_sd, optim_sd = get_state_dict(model, opt)
+    state = {"model": model_sd, "optim": optim_sd, "step": 0}
+    dcp.load(state, checkpoint_id=folders[-1], process_group=group)
+    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    return state["step"]
