@@ -155,45 +155,289 @@ def break_even_preemptions(discount, checkpoint_seconds, restart_seconds):
         lo, hi = (lo, mid) if saving < 0 else (mid, hi)
     return math.sqrt(lo * hi)
 
-# %% 10.4 | forgets the RNG state | expect: RNG state
-def capture(model, opt, step):
-    return {"model": model.state_dict(), "opt": opt.state_dict(), "step": step}
+# %% 10.4 | restores the loader by replaying every batch from the seed | expect: replays nothing
+class ShuffledBatches:
+    def __init__(self, n, batch, seed):
+        self.n, self.batch = n, batch
+        self.g = torch.Generator().manual_seed(seed)
+        self.perm, self.pos = None, 0
+        self.seed, self.taken = seed, 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.perm is None or self.pos == self.n // self.batch:
+            self.perm, self.pos = torch.randperm(self.n, generator=self.g), 0
+        self.pos += 1
+        self.taken += 1
+        return self.perm[(self.pos - 1) * self.batch:self.pos * self.batch]
+
+    def state_dict(self):
+        return {"seed": self.seed, "taken": self.taken}
+
+    def load_state_dict(self, sd):
+        self.__init__(self.n, self.batch, sd["seed"])
+        for _ in range(sd["taken"]):
+            next(self)
 
 
-def restore(state, model, opt):
+def capture(model, opt, batches, step) -> dict:
+    return {"model": model.state_dict(), "opt": opt.state_dict(), "batches": batches.state_dict(),
+            "rng": rng_state(), "step": step}
+
+
+def restore(state, model, opt, batches) -> int:
     model.load_state_dict(state["model"])
     opt.load_state_dict(state["opt"])
+    batches.load_state_dict(state["batches"])
+    set_rng_state(state["rng"])
+    return state["step"]
+
+# %% 10.4 | reseeds every epoch from seed + epoch (not one generator) | expect: never reseed per epoch
+class ShuffledBatches:
+    def __init__(self, n, batch, seed):
+        self.n, self.batch = n, batch
+        self.g = torch.Generator().manual_seed(seed)
+        self.perm, self.pos, self.seed = None, 0, seed
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.perm is None or self.pos == self.n // self.batch:
+            self.epoch = getattr(self, "epoch", -1) + 1
+            g = torch.Generator().manual_seed(self.seed + self.epoch)
+            self.perm, self.pos = torch.randperm(self.n, generator=g), 0
+        self.pos += 1
+        return self.perm[(self.pos - 1) * self.batch:self.pos * self.batch]
+
+    def state_dict(self):
+        return {"gen": self.g.get_state(), "perm": self.perm, "pos": self.pos}
+
+    def load_state_dict(self, sd):
+        self.g.set_state(sd["gen"])
+        self.perm, self.pos = sd["perm"], sd["pos"]
+
+
+def capture(model, opt, batches, step) -> dict:
+    return {"model": model.state_dict(), "opt": opt.state_dict(), "batches": batches.state_dict(),
+            "rng": rng_state(), "step": step}
+
+
+def restore(state, model, opt, batches) -> int:
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["opt"])
+    batches.load_state_dict(state["batches"])
+    set_rng_state(state["rng"])
+    return state["step"]
+
+# %% 10.4 | restores the epoch and position but not the generator | expect: across the next epoch boundary
+class ShuffledBatches:
+    def __init__(self, n, batch, seed):
+        self.n, self.batch = n, batch
+        self.g = torch.Generator().manual_seed(seed)
+        self.perm, self.pos = None, 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.perm is None or self.pos == self.n // self.batch:
+            self.perm, self.pos = torch.randperm(self.n, generator=self.g), 0
+        self.pos += 1
+        return self.perm[(self.pos - 1) * self.batch:self.pos * self.batch]
+
+    def state_dict(self):
+        return {"gen": self.g.get_state(), "perm": self.perm, "pos": self.pos}
+
+    def load_state_dict(self, sd):
+        self.perm, self.pos = sd["perm"], sd["pos"]
+
+
+def capture(model, opt, batches, step) -> dict:
+    return {"model": model.state_dict(), "opt": opt.state_dict(), "batches": batches.state_dict(),
+            "rng": rng_state(), "step": step}
+
+
+def restore(state, model, opt, batches) -> int:
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["opt"])
+    batches.load_state_dict(state["batches"])
+    set_rng_state(state["rng"])
+    return state["step"]
+
+# %% 10.4 | leaves the loader out of the checkpoint | expect: the batches after the resume
+class ShuffledBatches:
+    def __init__(self, n, batch, seed):
+        self.n, self.batch = n, batch
+        self.g = torch.Generator().manual_seed(seed)
+        self.perm, self.pos = None, 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.perm is None or self.pos == self.n // self.batch:
+            self.perm, self.pos = torch.randperm(self.n, generator=self.g), 0
+        self.pos += 1
+        return self.perm[(self.pos - 1) * self.batch:self.pos * self.batch]
+
+    def state_dict(self):
+        return {"gen": self.g.get_state(), "perm": self.perm, "pos": self.pos}
+
+    def load_state_dict(self, sd):
+        self.g.set_state(sd["gen"])
+        self.perm, self.pos = sd["perm"], sd["pos"]
+
+
+def capture(model, opt, batches, step) -> dict:
+    return {"model": model.state_dict(), "opt": opt.state_dict(), "rng": rng_state(), "step": step}
+
+
+def restore(state, model, opt, batches) -> int:
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["opt"])
+    set_rng_state(state["rng"])
+    return state["step"]
+
+# %% 10.4 | forgets the RNG state | expect: RNG state
+class ShuffledBatches:
+    def __init__(self, n, batch, seed):
+        self.n, self.batch = n, batch
+        self.g = torch.Generator().manual_seed(seed)
+        self.perm, self.pos = None, 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.perm is None or self.pos == self.n // self.batch:
+            self.perm, self.pos = torch.randperm(self.n, generator=self.g), 0
+        self.pos += 1
+        return self.perm[(self.pos - 1) * self.batch:self.pos * self.batch]
+
+    def state_dict(self):
+        return {"gen": self.g.get_state(), "perm": self.perm, "pos": self.pos}
+
+    def load_state_dict(self, sd):
+        self.g.set_state(sd["gen"])
+        self.perm, self.pos = sd["perm"], sd["pos"]
+
+
+def capture(model, opt, batches, step) -> dict:
+    return {"model": model.state_dict(), "opt": opt.state_dict(), "batches": batches.state_dict(), "step": step}
+
+
+def restore(state, model, opt, batches) -> int:
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["opt"])
+    batches.load_state_dict(state["batches"])
     return state["step"]
 
 # %% 10.4 | reseeds from the step instead of restoring the RNG state | expect: reseeding
-def capture(model, opt, step):
-    return {"model": model.state_dict(), "opt": opt.state_dict(), "step": step}
+class ShuffledBatches:
+    def __init__(self, n, batch, seed):
+        self.n, self.batch = n, batch
+        self.g = torch.Generator().manual_seed(seed)
+        self.perm, self.pos = None, 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.perm is None or self.pos == self.n // self.batch:
+            self.perm, self.pos = torch.randperm(self.n, generator=self.g), 0
+        self.pos += 1
+        return self.perm[(self.pos - 1) * self.batch:self.pos * self.batch]
+
+    def state_dict(self):
+        return {"gen": self.g.get_state(), "perm": self.perm, "pos": self.pos}
+
+    def load_state_dict(self, sd):
+        self.g.set_state(sd["gen"])
+        self.perm, self.pos = sd["perm"], sd["pos"]
 
 
-def restore(state, model, opt):
+def capture(model, opt, batches, step) -> dict:
+    return {"model": model.state_dict(), "opt": opt.state_dict(), "batches": batches.state_dict(), "step": step}
+
+
+def restore(state, model, opt, batches) -> int:
     model.load_state_dict(state["model"])
     opt.load_state_dict(state["opt"])
+    batches.load_state_dict(state["batches"])
     torch.manual_seed(1000 + state["step"] + dist.get_rank())
     return state["step"]
 
 # %% 10.4 | saves the weights only (a fresh AdamW) | expect: AdamW's exp_avg
-def capture(model, opt, step):
-    return {"model": model.state_dict(), "rng": rng_state(), "step": step}
+class ShuffledBatches:
+    def __init__(self, n, batch, seed):
+        self.n, self.batch = n, batch
+        self.g = torch.Generator().manual_seed(seed)
+        self.perm, self.pos = None, 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.perm is None or self.pos == self.n // self.batch:
+            self.perm, self.pos = torch.randperm(self.n, generator=self.g), 0
+        self.pos += 1
+        return self.perm[(self.pos - 1) * self.batch:self.pos * self.batch]
+
+    def state_dict(self):
+        return {"gen": self.g.get_state(), "perm": self.perm, "pos": self.pos}
+
+    def load_state_dict(self, sd):
+        self.g.set_state(sd["gen"])
+        self.perm, self.pos = sd["perm"], sd["pos"]
 
 
-def restore(state, model, opt):
+def capture(model, opt, batches, step) -> dict:
+    return {"model": model.state_dict(), "batches": batches.state_dict(),
+            "rng": rng_state(), "step": step}
+
+
+def restore(state, model, opt, batches) -> int:
     model.load_state_dict(state["model"])
+    batches.load_state_dict(state["batches"])
     set_rng_state(state["rng"])
     return state["step"]
 
 # %% 10.4 | restore returns the last step done (off by one) | expect: the next step to run
-def capture(model, opt, step):
-    return {"model": model.state_dict(), "opt": opt.state_dict(), "rng": rng_state(), "step": step}
+class ShuffledBatches:
+    def __init__(self, n, batch, seed):
+        self.n, self.batch = n, batch
+        self.g = torch.Generator().manual_seed(seed)
+        self.perm, self.pos = None, 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.perm is None or self.pos == self.n // self.batch:
+            self.perm, self.pos = torch.randperm(self.n, generator=self.g), 0
+        self.pos += 1
+        return self.perm[(self.pos - 1) * self.batch:self.pos * self.batch]
+
+    def state_dict(self):
+        return {"gen": self.g.get_state(), "perm": self.perm, "pos": self.pos}
+
+    def load_state_dict(self, sd):
+        self.g.set_state(sd["gen"])
+        self.perm, self.pos = sd["perm"], sd["pos"]
 
 
-def restore(state, model, opt):
+def capture(model, opt, batches, step) -> dict:
+    return {"model": model.state_dict(), "opt": opt.state_dict(), "batches": batches.state_dict(),
+            "rng": rng_state(), "step": step}
+
+
+def restore(state, model, opt, batches) -> int:
     model.load_state_dict(state["model"])
     opt.load_state_dict(state["opt"])
+    batches.load_state_dict(state["batches"])
     set_rng_state(state["rng"])
     return state["step"] - 1
 
