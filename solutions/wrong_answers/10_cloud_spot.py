@@ -335,41 +335,6 @@ def restore(state, model, opt, batches) -> int:
     batches.load_state_dict(state["batches"])
     return state["step"]
 
-# %% 10.4 | reseeds from the step instead of restoring the RNG state | expect: reseeding
-class ShuffledBatches:
-    def __init__(self, n, batch, seed):
-        self.n, self.batch = n, batch
-        self.g = torch.Generator().manual_seed(seed)
-        self.perm, self.pos = None, 0
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        if self.perm is None or self.pos == self.n // self.batch:
-            self.perm, self.pos = torch.randperm(self.n, generator=self.g), 0
-        self.pos += 1
-        return self.perm[(self.pos - 1) * self.batch:self.pos * self.batch]
-
-    def state_dict(self):
-        return {"gen": self.g.get_state(), "perm": self.perm, "pos": self.pos}
-
-    def load_state_dict(self, sd):
-        self.g.set_state(sd["gen"])
-        self.perm, self.pos = sd["perm"], sd["pos"]
-
-
-def capture(model, opt, batches, step) -> dict:
-    return {"model": model.state_dict(), "opt": opt.state_dict(), "batches": batches.state_dict(), "step": step}
-
-
-def restore(state, model, opt, batches) -> int:
-    model.load_state_dict(state["model"])
-    opt.load_state_dict(state["opt"])
-    batches.load_state_dict(state["batches"])
-    torch.manual_seed(1000 + state["step"] + dist.get_rank())
-    return state["step"]
-
 # %% 10.4 | saves the weights only (a fresh AdamW) | expect: AdamW's exp_avg
 class ShuffledBatches:
     def __init__(self, n, batch, seed):
@@ -777,38 +742,5 @@ def load_newest(folder, model, opt, group):
     model_sd, optim_sd = get_state_dict(model, opt)
     state = {"model": model_sd, "optim": optim_sd, "step": 0}
     dcp.load(state, checkpoint_id=published[-1], process_group=group)
-    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    return state["step"]
-
-# %% 10.7 | loads the newest step folder, a killed save's .tmp included | expect: a killed save leaves a step_N.tmp/
-def save_async(folder, step, model, opt, group):
-    model_sd, optim_sd = get_state_dict(model, opt)
-    final = step_dir(folder, step)
-    tmp = final.with_name(final.name + ".tmp")
-    written = dcp.async_save({"model": model_sd, "optim": optim_sd, "step": step}, checkpoint_id=tmp,
-                             process_group=group)
-    published = Future()
-
-    def publish(done):
-        try:
-            done.result()
-            if dist.get_rank() == 0:
-                os.replace(tmp, final)
-                fsync_dir(folder)
-            published.set_result(step)
-        except BaseException as e:
-            published.set_exception(e)
-
-    written.add_done_callback(publish)
-    return published
-
-
-def load_newest(folder, model, opt, group):
-    folders = sorted(Path(folder).glob("step_*"))
-    if not folders:
-        return None
-    model_sd, optim_sd = get_state_dict(model, opt)
-    state = {"model": model_sd, "optim": optim_sd, "step": 0}
-    dcp.load(state, checkpoint_id=folders[-1], process_group=group)
     set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
     return state["step"]
