@@ -4,14 +4,15 @@
     launch(save_run, folder2, expect2, save_async, kill_at=3, num_processes=2)  # SIGKILL all at a save's 4th file op
     launch(resume_run, [(folder, expect), …], load_newest, num_processes=3)   # load on 3 ranks, compare, train on
 
-What it observes, and how (no wall-clock thresholds, so a loaded machine cannot fool it):
+What it observes, and how (by the order of events, not by timings a loaded machine would stretch):
 - **Every file operation** of the save, from an audit hook in each rank (PEP 578 events `open`,
   `os.rename`, `os.mkdir`, `os.remove`, `shutil.rmtree`): where each file was written and in which
   thread, and when rank 0 published `step_N.tmp/` as `step_N/`, in one sequence with the training
   steps' own marks.
 - **Asynchrony**: the first data file (`*.distcp`) a save opens is held until a training step has run
-  from start to end. On the training thread, or with no step begun within a grace time (1.5 s: the
-  training thread was waiting for the write), the save was synchronous.
+  from start to end. On the training thread, or with no step begun within a grace time, the save was
+  synchronous: the one wall-clock bound, 1.5 s for a step to *begin* (no collective needed), where a
+  right answer's training thread gets there as soon as save_async returns.
 - **Crashes**: `kill_at=k` SIGKILLs every rank (as a reclaimed machine) just before rank 0's k-th file
   operation of the last save, or after the run when k is past them; the check picks k at seeded random.
 - **Resharding**: `resume_run` loads on another world size and gathers the full state (model and
