@@ -155,45 +155,254 @@ def break_even_preemptions(discount, checkpoint_seconds, restart_seconds):
         lo, hi = (lo, mid) if saving < 0 else (mid, hi)
     return math.sqrt(lo * hi)
 
-# %% 10.4 | forgets the RNG state | expect: RNG state
-def capture(model, opt, step):
-    return {"model": model.state_dict(), "opt": opt.state_dict(), "step": step}
+# %% 10.4 | restores the loader by replaying every batch from the seed | expect: replays nothing
+class ShuffledBatches:
+    def __init__(self, n, batch, seed):
+        self.n, self.batch = n, batch
+        self.g = torch.Generator().manual_seed(seed)
+        self.perm, self.pos = None, 0
+        self.seed, self.taken = seed, 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.perm is None or self.pos == self.n // self.batch:
+            self.perm, self.pos = torch.randperm(self.n, generator=self.g), 0
+        self.pos += 1
+        self.taken += 1
+        return self.perm[(self.pos - 1) * self.batch:self.pos * self.batch]
+
+    def state_dict(self):
+        return {"seed": self.seed, "taken": self.taken}
+
+    def load_state_dict(self, sd):
+        self.__init__(self.n, self.batch, sd["seed"])
+        for _ in range(sd["taken"]):
+            next(self)
 
 
-def restore(state, model, opt):
+def capture(model, opt, batches, step) -> dict:
+    return {"model": model.state_dict(), "opt": opt.state_dict(), "batches": batches.state_dict(),
+            "rng": rng_state(), "step": step}
+
+
+def restore(state, model, opt, batches) -> int:
     model.load_state_dict(state["model"])
     opt.load_state_dict(state["opt"])
+    batches.load_state_dict(state["batches"])
+    set_rng_state(state["rng"])
     return state["step"]
 
-# %% 10.4 | reseeds from the step instead of restoring the RNG state | expect: reseeding
-def capture(model, opt, step):
-    return {"model": model.state_dict(), "opt": opt.state_dict(), "step": step}
+# %% 10.4 | reseeds every epoch from seed + epoch (not one generator) | expect: never reseed per epoch
+class ShuffledBatches:
+    def __init__(self, n, batch, seed):
+        self.n, self.batch = n, batch
+        self.g = torch.Generator().manual_seed(seed)
+        self.perm, self.pos, self.seed = None, 0, seed
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.perm is None or self.pos == self.n // self.batch:
+            self.epoch = getattr(self, "epoch", -1) + 1
+            g = torch.Generator().manual_seed(self.seed + self.epoch)
+            self.perm, self.pos = torch.randperm(self.n, generator=g), 0
+        self.pos += 1
+        return self.perm[(self.pos - 1) * self.batch:self.pos * self.batch]
+
+    def state_dict(self):
+        return {"gen": self.g.get_state(), "perm": self.perm, "pos": self.pos}
+
+    def load_state_dict(self, sd):
+        self.g.set_state(sd["gen"])
+        self.perm, self.pos = sd["perm"], sd["pos"]
 
 
-def restore(state, model, opt):
+def capture(model, opt, batches, step) -> dict:
+    return {"model": model.state_dict(), "opt": opt.state_dict(), "batches": batches.state_dict(),
+            "rng": rng_state(), "step": step}
+
+
+def restore(state, model, opt, batches) -> int:
     model.load_state_dict(state["model"])
     opt.load_state_dict(state["opt"])
-    torch.manual_seed(1000 + state["step"] + dist.get_rank())
+    batches.load_state_dict(state["batches"])
+    set_rng_state(state["rng"])
+    return state["step"]
+
+# %% 10.4 | restores the epoch and position but not the generator | expect: across the next epoch boundary
+class ShuffledBatches:
+    def __init__(self, n, batch, seed):
+        self.n, self.batch = n, batch
+        self.g = torch.Generator().manual_seed(seed)
+        self.perm, self.pos = None, 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.perm is None or self.pos == self.n // self.batch:
+            self.perm, self.pos = torch.randperm(self.n, generator=self.g), 0
+        self.pos += 1
+        return self.perm[(self.pos - 1) * self.batch:self.pos * self.batch]
+
+    def state_dict(self):
+        return {"gen": self.g.get_state(), "perm": self.perm, "pos": self.pos}
+
+    def load_state_dict(self, sd):
+        self.perm, self.pos = sd["perm"], sd["pos"]
+
+
+def capture(model, opt, batches, step) -> dict:
+    return {"model": model.state_dict(), "opt": opt.state_dict(), "batches": batches.state_dict(),
+            "rng": rng_state(), "step": step}
+
+
+def restore(state, model, opt, batches) -> int:
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["opt"])
+    batches.load_state_dict(state["batches"])
+    set_rng_state(state["rng"])
+    return state["step"]
+
+# %% 10.4 | leaves the loader out of the checkpoint | expect: the batches after the resume
+class ShuffledBatches:
+    def __init__(self, n, batch, seed):
+        self.n, self.batch = n, batch
+        self.g = torch.Generator().manual_seed(seed)
+        self.perm, self.pos = None, 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.perm is None or self.pos == self.n // self.batch:
+            self.perm, self.pos = torch.randperm(self.n, generator=self.g), 0
+        self.pos += 1
+        return self.perm[(self.pos - 1) * self.batch:self.pos * self.batch]
+
+    def state_dict(self):
+        return {"gen": self.g.get_state(), "perm": self.perm, "pos": self.pos}
+
+    def load_state_dict(self, sd):
+        self.g.set_state(sd["gen"])
+        self.perm, self.pos = sd["perm"], sd["pos"]
+
+
+def capture(model, opt, batches, step) -> dict:
+    return {"model": model.state_dict(), "opt": opt.state_dict(), "rng": rng_state(), "step": step}
+
+
+def restore(state, model, opt, batches) -> int:
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["opt"])
+    set_rng_state(state["rng"])
+    return state["step"]
+
+# %% 10.4 | forgets the RNG state | expect: RNG state
+class ShuffledBatches:
+    def __init__(self, n, batch, seed):
+        self.n, self.batch = n, batch
+        self.g = torch.Generator().manual_seed(seed)
+        self.perm, self.pos = None, 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.perm is None or self.pos == self.n // self.batch:
+            self.perm, self.pos = torch.randperm(self.n, generator=self.g), 0
+        self.pos += 1
+        return self.perm[(self.pos - 1) * self.batch:self.pos * self.batch]
+
+    def state_dict(self):
+        return {"gen": self.g.get_state(), "perm": self.perm, "pos": self.pos}
+
+    def load_state_dict(self, sd):
+        self.g.set_state(sd["gen"])
+        self.perm, self.pos = sd["perm"], sd["pos"]
+
+
+def capture(model, opt, batches, step) -> dict:
+    return {"model": model.state_dict(), "opt": opt.state_dict(), "batches": batches.state_dict(), "step": step}
+
+
+def restore(state, model, opt, batches) -> int:
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["opt"])
+    batches.load_state_dict(state["batches"])
     return state["step"]
 
 # %% 10.4 | saves the weights only (a fresh AdamW) | expect: AdamW's exp_avg
-def capture(model, opt, step):
-    return {"model": model.state_dict(), "rng": rng_state(), "step": step}
+class ShuffledBatches:
+    def __init__(self, n, batch, seed):
+        self.n, self.batch = n, batch
+        self.g = torch.Generator().manual_seed(seed)
+        self.perm, self.pos = None, 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.perm is None or self.pos == self.n // self.batch:
+            self.perm, self.pos = torch.randperm(self.n, generator=self.g), 0
+        self.pos += 1
+        return self.perm[(self.pos - 1) * self.batch:self.pos * self.batch]
+
+    def state_dict(self):
+        return {"gen": self.g.get_state(), "perm": self.perm, "pos": self.pos}
+
+    def load_state_dict(self, sd):
+        self.g.set_state(sd["gen"])
+        self.perm, self.pos = sd["perm"], sd["pos"]
 
 
-def restore(state, model, opt):
+def capture(model, opt, batches, step) -> dict:
+    return {"model": model.state_dict(), "batches": batches.state_dict(),
+            "rng": rng_state(), "step": step}
+
+
+def restore(state, model, opt, batches) -> int:
     model.load_state_dict(state["model"])
+    batches.load_state_dict(state["batches"])
     set_rng_state(state["rng"])
     return state["step"]
 
 # %% 10.4 | restore returns the last step done (off by one) | expect: the next step to run
-def capture(model, opt, step):
-    return {"model": model.state_dict(), "opt": opt.state_dict(), "rng": rng_state(), "step": step}
+class ShuffledBatches:
+    def __init__(self, n, batch, seed):
+        self.n, self.batch = n, batch
+        self.g = torch.Generator().manual_seed(seed)
+        self.perm, self.pos = None, 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.perm is None or self.pos == self.n // self.batch:
+            self.perm, self.pos = torch.randperm(self.n, generator=self.g), 0
+        self.pos += 1
+        return self.perm[(self.pos - 1) * self.batch:self.pos * self.batch]
+
+    def state_dict(self):
+        return {"gen": self.g.get_state(), "perm": self.perm, "pos": self.pos}
+
+    def load_state_dict(self, sd):
+        self.g.set_state(sd["gen"])
+        self.perm, self.pos = sd["perm"], sd["pos"]
 
 
-def restore(state, model, opt):
+def capture(model, opt, batches, step) -> dict:
+    return {"model": model.state_dict(), "opt": opt.state_dict(), "batches": batches.state_dict(),
+            "rng": rng_state(), "step": step}
+
+
+def restore(state, model, opt, batches) -> int:
     model.load_state_dict(state["model"])
     opt.load_state_dict(state["opt"])
+    batches.load_state_dict(state["batches"])
     set_rng_state(state["rng"])
     return state["step"] - 1
 
@@ -353,3 +562,185 @@ def diloco_sync(model, outer, buf, lr=0.7, momentum=0.9):
             dist.all_reduce(a)
             a /= world
         return diloco_round_end(model, outer, buf, avg, lr, momentum)
+
+# %% 10.7 | saves synchronously with dcp.save | expect: a synchronous save
+def save_async(folder, step, model, opt, group):
+    model_sd, optim_sd = get_state_dict(model, opt)
+    final = step_dir(folder, step)
+    tmp = final.with_name(final.name + ".tmp")
+    dcp.save({"model": model_sd, "optim": optim_sd, "step": step}, checkpoint_id=tmp, process_group=group)
+    if dist.get_rank() == 0:
+        os.replace(tmp, final)
+        fsync_dir(folder)
+    published = Future()
+    published.set_result(step)
+    return published
+
+
+def load_newest(folder, model, opt, group):
+    published = sorted(p for p in Path(folder).glob("step_*") if p.suffix != ".tmp" and (p / ".metadata").is_file())
+    if not published:
+        return None
+    model_sd, optim_sd = get_state_dict(model, opt)
+    state = {"model": model_sd, "optim": optim_sd, "step": 0}
+    dcp.load(state, checkpoint_id=published[-1], process_group=group)
+    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    return state["step"]
+
+# %% 10.7 | waits on async_save's future right after calling it | expect: save_async waited for the write
+def save_async(folder, step, model, opt, group):
+    model_sd, optim_sd = get_state_dict(model, opt)
+    final = step_dir(folder, step)
+    tmp = final.with_name(final.name + ".tmp")
+    dcp.async_save({"model": model_sd, "optim": optim_sd, "step": step}, checkpoint_id=tmp,
+                   process_group=group).result()
+    if dist.get_rank() == 0:
+        os.replace(tmp, final)
+        fsync_dir(folder)
+    published = Future()
+    published.set_result(step)
+    return published
+
+
+def load_newest(folder, model, opt, group):
+    published = sorted(p for p in Path(folder).glob("step_*") if p.suffix != ".tmp" and (p / ".metadata").is_file())
+    if not published:
+        return None
+    model_sd, optim_sd = get_state_dict(model, opt)
+    state = {"model": model_sd, "optim": optim_sd, "step": 0}
+    dcp.load(state, checkpoint_id=published[-1], process_group=group)
+    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    return state["step"]
+
+# %% 10.7 | writes every save over the one checkpoint folder | expect: inside a fresh step_N.tmp/
+def save_async(folder, step, model, opt, group):
+    model_sd, optim_sd = get_state_dict(model, opt)
+    return dcp.async_save({"model": model_sd, "optim": optim_sd, "step": step},
+                          checkpoint_id=Path(folder) / "step_latest", process_group=group)
+
+
+def load_newest(folder, model, opt, group):
+    published = sorted(p for p in Path(folder).glob("step_*") if p.suffix != ".tmp" and (p / ".metadata").is_file())
+    if not published:
+        return None
+    model_sd, optim_sd = get_state_dict(model, opt)
+    state = {"model": model_sd, "optim": optim_sd, "step": 0}
+    dcp.load(state, checkpoint_id=published[-1], process_group=group)
+    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    return state["step"]
+
+# %% 10.7 | publishes the folder before the write has finished | expect: published only after its write finished
+def save_async(folder, step, model, opt, group):
+    model_sd, optim_sd = get_state_dict(model, opt)
+    final = step_dir(folder, step)
+    tmp = final.with_name(final.name + ".tmp")
+    dcp.async_save({"model": model_sd, "optim": optim_sd, "step": step}, checkpoint_id=tmp, process_group=group)
+    if dist.get_rank() == 0:  # "the save has started: it is as good as done"
+        tmp.mkdir(parents=True, exist_ok=True)
+        os.replace(tmp, final)
+    published = Future()
+    published.set_result(step)
+    return published
+
+
+def load_newest(folder, model, opt, group):
+    published = sorted(p for p in Path(folder).glob("step_*") if p.suffix != ".tmp" and (p / ".metadata").is_file())
+    if not published:
+        return None
+    model_sd, optim_sd = get_state_dict(model, opt)
+    state = {"model": model_sd, "optim": optim_sd, "step": 0}
+    dcp.load(state, checkpoint_id=published[-1], process_group=group)
+    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    return state["step"]
+
+# %% 10.7 | each rank torch.saves its own shards in a thread (rank-local files) | expect: cannot be resharded
+def save_async(folder, step, model, opt, group):
+    from concurrent.futures import ThreadPoolExecutor
+
+    rank = dist.get_rank()
+    state = {"model": {k: v.detach().clone() for k, v in model.state_dict().items()}, "step": step,
+             "optim": opt.state_dict()}
+    final = step_dir(folder, step)
+    tmp = final.with_name(final.name + ".tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+
+    def write():
+        torch.save(state, tmp / f"rank{rank}.pt")
+        dist.barrier(group=group)
+        if rank == 0:
+            os.replace(tmp, final)
+        return step
+
+    return ThreadPoolExecutor(1).submit(write)
+
+
+def load_newest(folder, model, opt, group):
+    published = sorted(p for p in Path(folder).glob("step_*") if p.suffix != ".tmp" and (p / ".metadata").is_file())
+    if not published:
+        return None
+    model_sd, optim_sd = get_state_dict(model, opt)
+    state = {"model": model_sd, "optim": optim_sd, "step": 0}
+    dcp.load(state, checkpoint_id=published[-1], process_group=group)
+    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    return state["step"]
+
+# %% 10.7 | saves the model only, not the optimizer | expect: no optimizer state
+def save_async(folder, step, model, opt, group):
+    model_sd, _ = get_state_dict(model, opt)
+    final = step_dir(folder, step)
+    tmp = final.with_name(final.name + ".tmp")
+    written = dcp.async_save({"model": model_sd, "step": step}, checkpoint_id=tmp, process_group=group)
+    published = Future()
+
+    def publish(done):
+        done.result()
+        if dist.get_rank() == 0:
+            os.replace(tmp, final)
+            fsync_dir(folder)
+        published.set_result(step)
+
+    written.add_done_callback(publish)
+    return published
+
+
+def load_newest(folder, model, opt, group):
+    published = sorted(p for p in Path(folder).glob("step_*") if p.suffix != ".tmp" and (p / ".metadata").is_file())
+    if not published:
+        return None
+    model_sd, optim_sd = get_state_dict(model, opt)
+    state = {"model": model_sd, "optim": optim_sd, "step": 0}
+    dcp.load(state, checkpoint_id=published[-1], process_group=group)
+    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    return state["step"]
+
+# %% 10.7 | gathers the full state onto rank 0 and saves that | expect: gathered onto one rank
+def save_async(folder, step, model, opt, group):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    model_sd, optim_sd = get_state_dict(model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    final = step_dir(folder, step)
+    tmp = final.with_name(final.name + ".tmp")
+    written = dcp.async_save({"model": model_sd, "optim": optim_sd, "step": step}, checkpoint_id=tmp,
+                             process_group=group)
+    published = Future()
+
+    def publish(done):
+        done.result()
+        if dist.get_rank() == 0:
+            os.replace(tmp, final)
+            fsync_dir(folder)
+        published.set_result(step)
+
+    written.add_done_callback(publish)
+    return published
+
+
+def load_newest(folder, model, opt, group):
+    published = sorted(p for p in Path(folder).glob("step_*") if p.suffix != ".tmp" and (p / ".metadata").is_file())
+    if not published:
+        return None
+    model_sd, optim_sd = get_state_dict(model, opt)
+    state = {"model": model_sd, "optim": optim_sd, "step": 0}
+    dcp.load(state, checkpoint_id=published[-1], process_group=group)
+    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    return state["step"]
