@@ -29,7 +29,8 @@ import torch.distributed as dist
 from m11_helpers.capstone_build import CapstoneRun, reference_step
 from m11_helpers.sharded_checkpoint import complete_steps, weights_checksum
 
-__all__ = ["build_trial", "reference_build", "capstone_trial", "measured_levers", "HELD"]
+__all__ = ["build_trial", "reference_build", "capstone_trial", "run_phase", "forbid_reference_loop",
+           "measured_levers", "HELD"]
 
 HELD = ("parameters", "gradients", "optimizer", "activations")  # what a rank holds at its peak, by kind
 _BUILDS: dict = {}  # (argv..., world) -> the script's pieces' trial, per rank
@@ -93,14 +94,47 @@ def reference_build(cases: list[list], world_size: int) -> list[list[dict]]:
     return _BUILDS[key]
 
 
-def _straight(run: CapstoneRun, train_step: Callable) -> list[float]:
-    return [_apply(run, train_step, step) for step in range(run.steps)]
+def _straight(run: CapstoneRun, train_step: Callable) -> dict:
+    """The run once through, no checkpoint, the script's loop order, counted (which blocks recomputed, the bytes)."""
+    from m11_helpers.capstone_measure import Counters
+
+    counters = Counters()
+    counters.on_build(run.model)
+    try:
+        losses = []
+        for step in range(run.steps):
+            losses.append(_apply(run, train_step, step))
+            counters.on_step({})
+    finally:
+        counters.close()
+    return {"losses": losses, "checksum": weights_checksum(run.model), "activations": counters.values["activations"],
+            "block_forwards": counters.values["block_forwards"]}
 
 
 def _script_loop_forbidden(*args, **kwargs):
     from m11_helpers.grading.observe import ForbiddenCall
 
     raise ForbiddenCall("called m11_helpers.capstone_build.reference_loop: write the loop yourself, not the script's")
+
+
+def run_phase(build: Callable, train_step: Callable, train_loop: Callable, argv: list, folder: str, *,
+              signal_at: int | None, signal_rank: int = 1) -> dict:
+    """On each rank: `train_loop` on a fresh run from `folder` (a start or a restart: only the files survive), with a
+    real SIGTERM to `signal_rank` in the middle of step `signal_at` (None: none); what it did, step by step."""
+    run, losses = CapstoneRun(*argv, "--ckpt-dir", folder, build=build), []
+
+    def step(model, micro_batches, max_norm):
+        result = train_step(model, micro_batches, max_norm)
+        losses.append(result[0])
+        if run.requested[-1] == signal_at and run.rank == signal_rank:
+            os.kill(os.getpid(), signal.SIGTERM)  # a spot notice to one rank, after its backward
+        return result
+
+    returned = train_loop(run, step)
+    out = {"returned": returned, "steps": list(run.requested), "losses": losses, "checksum": weights_checksum(run.model),
+           "complete": complete_steps(folder), "world": run.world}
+    dist.barrier()  # every rank has read the folder before anyone writes into it again
+    return out
 
 
 def capstone_trial(build: Callable, train_step: Callable, train_loop: Callable, argv: list, folder: str, *,
@@ -110,33 +144,26 @@ def capstone_trial(build: Callable, train_step: Callable, train_loop: Callable, 
     fresh objects (a restart: only the files survive). An exception ends the trial with {"error": ...} and the
     evidence so far. `forbid_script_loop`: `reference_loop` raises in this rank (its code swapped, which costs
     nothing per call, where a profiler hook would slow every Python call of the run several times over)."""
-    from m11_helpers.capstone_build import reference_loop
-
-    if forbid_script_loop:  # this rank is a fork: the kernel's function stays as it is
-        reference_loop.__code__ = _script_loop_forbidden.__code__
+    if forbid_script_loop:  # this rank is a fork (or a script's process): the kernel's function stays as it is
+        forbid_reference_loop()
     out = {"world": dist.get_world_size(), "straight": None, "phases": [], "error": None}
     try:
         run = CapstoneRun(*argv, build=build)
-        out["straight"] = {"losses": _straight(run, train_step), "checksum": weights_checksum(run.model)}
+        out["straight"] = _straight(run, train_step)
         del run
-        for phase in range(2):
-            run, losses = CapstoneRun(*argv, "--ckpt-dir", folder, build=build), []
-
-            def step(model, micro_batches, max_norm, run=run, losses=losses, phase=phase):
-                result = train_step(model, micro_batches, max_norm)
-                losses.append(result[0])
-                if phase == 0 and run.requested[-1] == signal_at and run.rank == signal_rank:
-                    os.kill(os.getpid(), signal.SIGTERM)  # a spot notice to one rank, after its backward
-                return result
-
-            returned = train_loop(run, step)
-            out["phases"].append({"returned": returned, "steps": list(run.requested), "losses": losses,
-                                  "checksum": weights_checksum(run.model), "complete": complete_steps(folder)})
-            dist.barrier()  # every rank has read the folder before the next phase writes into it
-            del run
+        for at in (signal_at, None):
+            out["phases"].append(run_phase(build, train_step, train_loop, argv, folder, signal_at=at,
+                                           signal_rank=signal_rank))
     except Exception as e:  # noqa: BLE001 - reported by the check, with a hint (a stub's NotImplementedError too)
         out["error"] = f"{type(e).__name__}: {e}"[:300]
     return out
+
+
+def forbid_reference_loop() -> None:
+    """In this process only: `capstone_build.reference_loop` raises ForbiddenCall (call it in a rank, never a kernel)."""
+    from m11_helpers.capstone_build import reference_loop
+
+    reference_loop.__code__ = _script_loop_forbidden.__code__
 
 
 def _lever_sweep(argvs: list[list]) -> list[dict]:

@@ -57,6 +57,8 @@ class CapstoneRun:
                                      timeout=args.timeout) if args.ckpt_dir else None
         else:  # exercise 11.2: build(args, device, world) -> (model, optimizer, scheduler, checkpointer or None)
             self.model, self.optimizer, self.scheduler, self.ckpt = build(args, self.device, self.world)
+        if args.dropout:  # as the script does: each rank its own masks, the same on every start (a resume restores)
+            torch.manual_seed(args.seed + self.rank)
         self.steps, self.ckpt_every = args.steps, args.ckpt_every
         self.clip = args.clip if args.clip > 0 else math.inf  # the max_norm a step clips to
         self._x, self._y = tokens(n=args.data_size, seed=args.seed).tensors  # (n, T), (n, T)
