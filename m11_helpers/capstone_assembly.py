@@ -24,6 +24,7 @@ import os
 import signal
 from typing import Callable
 
+import torch
 import torch.distributed as dist
 
 from m11_helpers.capstone_build import CapstoneRun, reference_step
@@ -94,23 +95,6 @@ def reference_build(cases: list[list], world_size: int) -> list[list[dict]]:
     return _BUILDS[key]
 
 
-def _straight(run: CapstoneRun, train_step: Callable) -> dict:
-    """The run once through, no checkpoint, the script's loop order, counted (which blocks recomputed, the bytes)."""
-    from m11_helpers.capstone_measure import Counters
-
-    counters = Counters()
-    counters.on_build(run.model)
-    try:
-        losses = []
-        for step in range(run.steps):
-            losses.append(_apply(run, train_step, step))
-            counters.on_step({})
-    finally:
-        counters.close()
-    return {"losses": losses, "checksum": weights_checksum(run.model), "activations": counters.values["activations"],
-            "block_forwards": counters.values["block_forwards"]}
-
-
 def _script_loop_forbidden(*args, **kwargs):
     from m11_helpers.grading.observe import ForbiddenCall
 
@@ -118,42 +102,56 @@ def _script_loop_forbidden(*args, **kwargs):
 
 
 def run_phase(build: Callable, train_step: Callable, train_loop: Callable, argv: list, folder: str, *,
-              signal_at: int | None, signal_rank: int = 1) -> dict:
+              signal_at: int | None, signal_rank: int = 1, keep: dict | None = None) -> dict:
     """On each rank: `train_loop` on a fresh run from `folder` (a start or a restart: only the files survive), with a
-    real SIGTERM to `signal_rank` in the middle of step `signal_at` (None: none); what it did, step by step."""
-    run, losses = CapstoneRun(*argv, "--ckpt-dir", folder, build=build), []
+    real SIGTERM to `signal_rank` in the middle of step `signal_at` (None: none); what it did, step by step. The first
+    step is counted (`block_forwards`: the blocks recomputed); `keep` (a dict) receives the run object."""
+    from m11_helpers.capstone_measure import Counters
+
+    run, losses, counters = CapstoneRun(*argv, "--ckpt-dir", folder, build=build), [], Counters()
+    counters.on_build(run.model)
 
     def step(model, micro_batches, max_norm):
         result = train_step(model, micro_batches, max_norm)
         losses.append(result[0])
+        counters.on_step({})  # the first step's forwards are counted, no later ones
         if run.requested[-1] == signal_at and run.rank == signal_rank:
             os.kill(os.getpid(), signal.SIGTERM)  # a spot notice to one rank, after its backward
         return result
 
-    returned = train_loop(run, step)
+    try:
+        returned = train_loop(run, step)
+    finally:
+        counters.close()
     out = {"returned": returned, "steps": list(run.requested), "losses": losses, "checksum": weights_checksum(run.model),
-           "complete": complete_steps(folder), "world": run.world}
+           "complete": complete_steps(folder), "world": run.world, "block_forwards": counters.values["block_forwards"]}
     dist.barrier()  # every rank has read the folder before anyone writes into it again
+    if keep is not None:
+        keep["run"] = run
     return out
 
 
 def capstone_trial(build: Callable, train_step: Callable, train_loop: Callable, argv: list, folder: str, *,
                    signal_at: int, signal_rank: int = 1, forbid_script_loop: bool = False) -> dict:
-    """On each rank: your build, step and loop — straight through (no checkpoint, the script's loop order); then
-    `train_loop` with a real SIGTERM to `signal_rank` in the middle of step `signal_at`; then `train_loop` again on
-    fresh objects (a restart: only the files survive). An exception ends the trial with {"error": ...} and the
-    evidence so far. `forbid_script_loop`: `reference_loop` raises in this rank (its code swapped, which costs
-    nothing per call, where a profiler hook would slow every Python call of the run several times over)."""
+    """On each rank: your build, step and loop with a real SIGTERM to `signal_rank` in the middle of step `signal_at`;
+    then the same objects, in memory, stepped to the end ("straight": the run as if never stopped, the script's loop
+    order); then `train_loop` again on fresh objects (a restart: only the files survive), which must end where the
+    run in memory ended, bit for bit. An exception ends the trial with {"error": ...} and the evidence so far.
+    `forbid_script_loop`: `reference_loop` raises in this rank (its code swapped, which costs nothing per call,
+    where a profiler hook would slow every Python call of the run several times over)."""
     if forbid_script_loop:  # this rank is a fork (or a script's process): the kernel's function stays as it is
         forbid_reference_loop()
     out = {"world": dist.get_world_size(), "straight": None, "phases": [], "error": None}
     try:
-        run = CapstoneRun(*argv, build=build)
-        out["straight"] = _straight(run, train_step)
+        kept: dict = {}
+        out["phases"].append(run_phase(build, train_step, train_loop, argv, folder, signal_at=signal_at,
+                                       signal_rank=signal_rank, keep=kept))
+        run, first = kept.pop("run"), out["phases"][0]
+        rest = [_apply(run, train_step, step) for step in range(len(first["losses"]), run.steps)]
+        out["straight"] = {"losses": first["losses"] + rest, "checksum": weights_checksum(run.model),
+                           "block_forwards": first["block_forwards"]}
         del run
-        for at in (signal_at, None):
-            out["phases"].append(run_phase(build, train_step, train_loop, argv, folder, signal_at=at,
-                                           signal_rank=signal_rank))
+        out["phases"].append(run_phase(build, train_step, train_loop, argv, folder, signal_at=None))
     except Exception as e:  # noqa: BLE001 - reported by the check, with a hint (a stub's NotImplementedError too)
         out["error"] = f"{type(e).__name__}: {e}"[:300]
     return out
@@ -167,10 +165,22 @@ def forbid_reference_loop() -> None:
 
 
 def _lever_sweep(argvs: list[list]) -> list[dict]:
-    """On each rank: one counted step of the reference script per argv (capstone_measure.sweep, trimmed)."""
-    from m11_helpers.capstone_measure import sweep
+    """On each rank: the script's pieces and step once per argv, counted (what rank r held and moved in one step)."""
+    from m11_helpers.capstone_measure import Counters
 
-    return [{k: r[k] for k in (*HELD, "comm_elements")} for r in sweep(argvs)]
+    out = []
+    for argv in argvs:
+        run, counters = CapstoneRun(*argv, autocast=True), Counters()
+        counters.on_build(run.model)  # where the script calls it: after the model and the optimizer exist
+        try:  # DDP + bf16 is the script's autocast (FSDP2's bf16 is its MixedPrecisionPolicy, in the build)
+            with torch.autocast(run.device.type, torch.bfloat16, enabled=run.args.bf16 and run.args.parallel == "ddp"):
+                _apply(run, reference_step, 0)
+            counters.on_step({})
+        finally:
+            counters.close()
+        out.append({k: counters.values[k] for k in (*HELD, "comm_elements")})
+        del run
+    return out
 
 
 def measured_levers(configs, world_size: int = 2, batch: int = 16) -> dict[str, dict]:

@@ -41,10 +41,10 @@ __all__ = ["CapstoneRun", "reference_step", "reference_loop", "single_process_st
 class CapstoneRun:
     """One rank's pieces of the reference script for these command-line flags (call it on every rank)."""
 
-    def __init__(self, *argv, build: Callable | None = None):
+    def __init__(self, *argv, build: Callable | None = None, autocast: bool = False):
         script = script_module()
         self.args = args = script.parse([str(a) for a in argv])
-        if args.bf16 and args.parallel == "ddp":
+        if args.bf16 and args.parallel == "ddp" and not (autocast and build is None):  # the caller autocasts
             raise ValueError("--bf16 needs --parallel fsdp2 in the build (MixedPrecisionPolicy; no autocast here)")
         self._notice = PreemptionNotice()  # first, as in the script: a notice during start-up is not lost
         self.rank, self.world, self.device = script.setup(args)

@@ -236,6 +236,24 @@ def train_loop(run, train_step):
     run.ckpt.wait()
     return step
 
+
+def capstone_config() -> str:
+    return """\
+compute_environment: LOCAL_MACHINE
+distributed_type: MULTI_GPU  # torchrun's N processes (on a CPU box ACCELERATE_USE_CPU=1 makes them gloo ranks)
+num_machines: 1
+num_processes: 4
+mixed_precision: 'no'  # the script's --bf16 is the one precision policy: no second autocast
+use_cpu: false  # true starts ONE process, whatever num_processes says
+"""
+
+
+def capstone_command(config_file, run_file, ckpt_dir, run_flags) -> list:
+    levers = ["--bf16", "--accum", 2, "--ac", "--ac-every", 2, "--dropout", 0.1]  # my policy: blocks 0 and 2
+    return ["accelerate", "launch", "--config_file", config_file, script_path("capstone.py"), "--run", run_file,
+            *levers, *run_flags, "--ckpt-dir", ckpt_dir]
+
+
 # %% 11.3 | checkpoints the model and optimizer but not the scheduler | expect: the scheduler is state
 def train_loop(run, train_step):
     resumed = run.ckpt.load(run.model, run.optimizer)
@@ -255,7 +273,45 @@ def train_loop(run, train_step):
     run.ckpt.wait()
     return step
 
-# %% 11.3 cell=1 | starts the run on 2 processes, not 4 | expect: num_processes: 4
+
+def capstone_config() -> str:
+    return """\
+compute_environment: LOCAL_MACHINE
+distributed_type: MULTI_GPU  # torchrun's N processes (on a CPU box ACCELERATE_USE_CPU=1 makes them gloo ranks)
+num_machines: 1
+num_processes: 4
+mixed_precision: 'no'  # the script's --bf16 is the one precision policy: no second autocast
+use_cpu: false  # true starts ONE process, whatever num_processes says
+"""
+
+
+def capstone_command(config_file, run_file, ckpt_dir, run_flags) -> list:
+    levers = ["--bf16", "--accum", 2, "--ac", "--ac-every", 2, "--dropout", 0.1]  # my policy: blocks 0 and 2
+    return ["accelerate", "launch", "--config_file", config_file, script_path("capstone.py"), "--run", run_file,
+            *levers, *run_flags, "--ckpt-dir", ckpt_dir]
+
+
+# %% 11.3 | starts the run on 2 processes, not 4 | expect: num_processes: 4
+def train_loop(run, train_step) -> int:
+    state = {"scheduler": run.scheduler}  # with the model and optimizer (and the RNG, which ckpt keeps itself)
+    resumed = run.ckpt.load(run.model, run.optimizer, **state)
+    step = resumed["step"] if resumed else 0  # checkpoint N holds the state after N steps: N runs next
+    while step < run.steps:
+        if run.stop_requested():  # agreed: every rank stops at this same boundary
+            run.ckpt.save(step, run.model, run.optimizer, **state)
+            run.ckpt.wait()  # landed before we return (and the process may exit)
+            return step
+        train_step(run.model, run.micro_batches(step), run.clip)
+        run.optimizer.step()
+        run.scheduler.step()
+        run.optimizer.zero_grad(set_to_none=True)
+        step += 1
+        if step % run.ckpt_every == 0 or step == run.steps:
+            run.ckpt.save(step, run.model, run.optimizer, **state)  # async: the next step overlaps the write
+    run.ckpt.wait()
+    return step
+
+
 def capstone_config():
     return """\
 compute_environment: LOCAL_MACHINE
@@ -272,7 +328,27 @@ def capstone_command(config_file, run_file, ckpt_dir, run_flags):
     return ["accelerate", "launch", "--config_file", config_file, script_path("capstone.py"), "--run", run_file,
             *levers, *run_flags, "--ckpt-dir", ckpt_dir]
 
-# %% 11.3 cell=1 | --cpu for a CPU box: accelerate then starts ONE process | expect: not --cpu / use_cpu
+# %% 11.3 | --cpu for a CPU box: accelerate then starts ONE process | expect: not --cpu / use_cpu
+def train_loop(run, train_step) -> int:
+    state = {"scheduler": run.scheduler}  # with the model and optimizer (and the RNG, which ckpt keeps itself)
+    resumed = run.ckpt.load(run.model, run.optimizer, **state)
+    step = resumed["step"] if resumed else 0  # checkpoint N holds the state after N steps: N runs next
+    while step < run.steps:
+        if run.stop_requested():  # agreed: every rank stops at this same boundary
+            run.ckpt.save(step, run.model, run.optimizer, **state)
+            run.ckpt.wait()  # landed before we return (and the process may exit)
+            return step
+        train_step(run.model, run.micro_batches(step), run.clip)
+        run.optimizer.step()
+        run.scheduler.step()
+        run.optimizer.zero_grad(set_to_none=True)
+        step += 1
+        if step % run.ckpt_every == 0 or step == run.steps:
+            run.ckpt.save(step, run.model, run.optimizer, **state)  # async: the next step overlaps the write
+    run.ckpt.wait()
+    return step
+
+
 def capstone_config():
     return """\
 compute_environment: LOCAL_MACHINE
@@ -289,7 +365,27 @@ def capstone_command(config_file, run_file, ckpt_dir, run_flags):
     return ["accelerate", "launch", "--config_file", config_file, script_path("capstone.py"), "--run", run_file,
             *levers, *run_flags, "--ckpt-dir", ckpt_dir]
 
-# %% 11.3 cell=1 | 4 processes but no multi-process launcher (distributed_type NO) | expect: distributed_type: MULTI_GPU
+# %% 11.3 | 4 processes but no multi-process launcher (distributed_type NO) | expect: distributed_type: MULTI_GPU
+def train_loop(run, train_step) -> int:
+    state = {"scheduler": run.scheduler}  # with the model and optimizer (and the RNG, which ckpt keeps itself)
+    resumed = run.ckpt.load(run.model, run.optimizer, **state)
+    step = resumed["step"] if resumed else 0  # checkpoint N holds the state after N steps: N runs next
+    while step < run.steps:
+        if run.stop_requested():  # agreed: every rank stops at this same boundary
+            run.ckpt.save(step, run.model, run.optimizer, **state)
+            run.ckpt.wait()  # landed before we return (and the process may exit)
+            return step
+        train_step(run.model, run.micro_batches(step), run.clip)
+        run.optimizer.step()
+        run.scheduler.step()
+        run.optimizer.zero_grad(set_to_none=True)
+        step += 1
+        if step % run.ckpt_every == 0 or step == run.steps:
+            run.ckpt.save(step, run.model, run.optimizer, **state)  # async: the next step overlaps the write
+    run.ckpt.wait()
+    return step
+
+
 def capstone_config():
     return """\
 compute_environment: LOCAL_MACHINE
@@ -306,7 +402,27 @@ def capstone_command(config_file, run_file, ckpt_dir, run_flags):
     return ["accelerate", "launch", "--config_file", config_file, script_path("capstone.py"), "--run", run_file,
             *levers, *run_flags, "--ckpt-dir", ckpt_dir]
 
-# %% 11.3 cell=1 | leaves --bf16 out of the command: the run computes in fp32 | expect: every lever on
+# %% 11.3 | leaves --bf16 out of the command: the run computes in fp32 | expect: every lever on
+def train_loop(run, train_step) -> int:
+    state = {"scheduler": run.scheduler}  # with the model and optimizer (and the RNG, which ckpt keeps itself)
+    resumed = run.ckpt.load(run.model, run.optimizer, **state)
+    step = resumed["step"] if resumed else 0  # checkpoint N holds the state after N steps: N runs next
+    while step < run.steps:
+        if run.stop_requested():  # agreed: every rank stops at this same boundary
+            run.ckpt.save(step, run.model, run.optimizer, **state)
+            run.ckpt.wait()  # landed before we return (and the process may exit)
+            return step
+        train_step(run.model, run.micro_batches(step), run.clip)
+        run.optimizer.step()
+        run.scheduler.step()
+        run.optimizer.zero_grad(set_to_none=True)
+        step += 1
+        if step % run.ckpt_every == 0 or step == run.steps:
+            run.ckpt.save(step, run.model, run.optimizer, **state)  # async: the next step overlaps the write
+    run.ckpt.wait()
+    return step
+
+
 def capstone_config():
     return """\
 compute_environment: LOCAL_MACHINE
@@ -323,7 +439,27 @@ def capstone_command(config_file, run_file, ckpt_dir, run_flags):
     return ["accelerate", "launch", "--config_file", config_file, script_path("capstone.py"), "--run", run_file,
             *levers, *run_flags, "--ckpt-dir", ckpt_dir]
 
-# %% 11.3 cell=1 | launches the reference script, not the capstone | expect: script_path('capstone.py')
+# %% 11.3 | launches the reference script, not the capstone | expect: script_path('capstone.py')
+def train_loop(run, train_step) -> int:
+    state = {"scheduler": run.scheduler}  # with the model and optimizer (and the RNG, which ckpt keeps itself)
+    resumed = run.ckpt.load(run.model, run.optimizer, **state)
+    step = resumed["step"] if resumed else 0  # checkpoint N holds the state after N steps: N runs next
+    while step < run.steps:
+        if run.stop_requested():  # agreed: every rank stops at this same boundary
+            run.ckpt.save(step, run.model, run.optimizer, **state)
+            run.ckpt.wait()  # landed before we return (and the process may exit)
+            return step
+        train_step(run.model, run.micro_batches(step), run.clip)
+        run.optimizer.step()
+        run.scheduler.step()
+        run.optimizer.zero_grad(set_to_none=True)
+        step += 1
+        if step % run.ckpt_every == 0 or step == run.steps:
+            run.ckpt.save(step, run.model, run.optimizer, **state)  # async: the next step overlaps the write
+    run.ckpt.wait()
+    return step
+
+
 def capstone_config():
     return """\
 compute_environment: LOCAL_MACHINE
@@ -360,6 +496,24 @@ def train_loop(run, train_step):
             run.ckpt.save(step, run.model, run.optimizer, **state)
     run.ckpt.wait()
     return step
+
+
+def capstone_config() -> str:
+    return """\
+compute_environment: LOCAL_MACHINE
+distributed_type: MULTI_GPU  # torchrun's N processes (on a CPU box ACCELERATE_USE_CPU=1 makes them gloo ranks)
+num_machines: 1
+num_processes: 4
+mixed_precision: 'no'  # the script's --bf16 is the one precision policy: no second autocast
+use_cpu: false  # true starts ONE process, whatever num_processes says
+"""
+
+
+def capstone_command(config_file, run_file, ckpt_dir, run_flags) -> list:
+    levers = ["--bf16", "--accum", 2, "--ac", "--ac-every", 2, "--dropout", 0.1]  # my policy: blocks 0 and 2
+    return ["accelerate", "launch", "--config_file", config_file, script_path("capstone.py"), "--run", run_file,
+            *levers, *run_flags, "--ckpt-dir", ckpt_dir]
+
 
 # %% 11.4 | fits on the model states alone, forgetting the activations | expect: the activations count too
 def pick_levers(budget, world_size=2, batch=16):
