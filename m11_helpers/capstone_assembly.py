@@ -2,19 +2,22 @@
 
     got = launch(build_trial, my_build, [argv], num_processes=2)        # exercise 11.2: the build, counted
     ref = reference_build([argv], 2)                                     # the script's pieces, same trial (cached)
-    got = launch(capstone_trial, my_build, my_step, my_loop, argv, folder, signal_at=1, num_processes=4)
+    got = launch(capstone_trial, my_build, my_step, my_loop, argv, folder, signal_at=0, num_processes=2)
+    run_phase(my_build, my_step, my_loop, argv, folder, signal_at=0)    # in each process of scripts/capstone.py
     held = measured_levers(FLAG_GRID, 2, 16)    # {str(flags): {"held", "comm_elements", ...}}: real runs (cached)
 
 `build_trial` runs a few optimizer steps of the script's step (`capstone_build.reference_step`) in the
 pieces `build(args, device, world)` returns, with the lesson's counters (`capstone_measure.Counters`:
-bytes held per kind, activations of one micro-batch, elements moved per step) and returns rank 0's
-weights in full; `reference_build` is the same trial on the script's own pieces, so the two differ
-only in the build. `capstone_trial` is the assembled run: the learner's build, step and loop once
-straight through (no checkpoint), then interrupted by a real SIGTERM to one rank in the middle of a
-step, then restarted on fresh objects (only the files survive). `measured_levers` runs the reference
-script once per lever configuration (one step, counted) and keeps what each held: the sweep the lever
-choice of exercise 11.4 is judged against, not the planner's output. The caches live in the calling
-process (a notebook's kernel): each configuration is launched once per kernel. Lesson 11.
+bytes held per kind, activations of one micro-batch, elements moved per step, each block's forwards)
+and returns rank 0's weights in full; `reference_build` is the same trial on the script's own pieces,
+so the two differ only in the build. `run_phase` is one start of the learner's loop on fresh objects,
+with a real SIGTERM to one rank in the middle of a step; `capstone_trial` is the assembled run: a
+start interrupted that way, the same objects then stepped on in memory to the end (the run as if
+never stopped), and a restart on fresh objects (only the files survive), which must end there bit for
+bit. `measured_levers` runs the script's pieces and step once per lever configuration (one step,
+counted) and keeps what each held: the sweep the lever choice of exercise 11.4 is judged against, not
+the planner's output. The caches live in the calling process (a notebook's kernel): each configuration
+is launched once per kernel. Lesson 11.
 """
 
 from __future__ import annotations
