@@ -41,10 +41,10 @@ __all__ = ["CapstoneRun", "reference_step", "reference_loop", "single_process_st
 class CapstoneRun:
     """One rank's pieces of the reference script for these command-line flags (call it on every rank)."""
 
-    def __init__(self, *argv, build: Callable | None = None):
+    def __init__(self, *argv, build: Callable | None = None, autocast: bool = False):
         script = script_module()
         self.args = args = script.parse([str(a) for a in argv])
-        if args.bf16 and args.parallel == "ddp":
+        if args.bf16 and args.parallel == "ddp" and not (autocast and build is None):  # the caller autocasts
             raise ValueError("--bf16 needs --parallel fsdp2 in the build (MixedPrecisionPolicy; no autocast here)")
         self._notice = PreemptionNotice()  # first, as in the script: a notice during start-up is not lost
         self.rank, self.world, self.device = script.setup(args)
@@ -57,6 +57,8 @@ class CapstoneRun:
                                      timeout=args.timeout) if args.ckpt_dir else None
         else:  # exercise 11.2: build(args, device, world) -> (model, optimizer, scheduler, checkpointer or None)
             self.model, self.optimizer, self.scheduler, self.ckpt = build(args, self.device, self.world)
+        if args.dropout:  # as the script does: each rank its own masks, the same on every start (a resume restores)
+            torch.manual_seed(args.seed + self.rank)
         self.steps, self.ckpt_every = args.steps, args.ckpt_every
         self.clip = args.clip if args.clip > 0 else math.inf  # the max_norm a step clips to
         self._x, self._y = tokens(n=args.data_size, seed=args.seed).tensors  # (n, T), (n, T)

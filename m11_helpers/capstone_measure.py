@@ -10,7 +10,8 @@ AdamW's state are read by optimizer step hooks (registered for the run, removed 
 and after each step; activations are the unique storages autograd saves from the first micro-batch's
 forward through its loss (parameters and views of them excluded), stopped when backward reaches the
 logits; communication is counted per step by FSDP2's collective hooks (`fsdp.TrafficCounter`) or a
-DDP comm hook (one bucket all-reduce = its elements). Replaces the lesson's old measurement harness.
+DDP comm hook (one bucket all-reduce = its elements); `block_forwards` counts each block's forwards in the
+first step (K micro-batches: K, or 2K where backward recomputes it: the recomputation policy that ran). Replaces the lesson's old measurement harness.
 Lesson 11.
 """
 
@@ -22,6 +23,7 @@ import torch
 from torch import nn
 
 from m11_helpers.memory import SavedTensors
+from m11_helpers.models import Block
 
 __all__ = ["local_bytes", "Counters", "sweep", "compare", "QUANTITIES"]
 
@@ -49,10 +51,15 @@ class Counters:
 
         self.values["parameters"] = local_bytes(model.parameters())
         self._traffic = self._count_traffic(model)
+        blocks = [m for m in model.modules() if isinstance(m, Block)]  # TinyGPT's, in order (FSDP2 subclasses them)
+        self.values["block_forwards"] = forwards = [0] * len(blocks)
+        for i, block in enumerate(blocks):  # its first layer runs once per forward, again when backward recomputes it
+            self._handles.append(block.ln_1.register_forward_pre_hook(
+                lambda m, a, i=i: forwards.__setitem__(i, forwards[i] + (not self.per_step))))
         # Pushed for the whole run (balanced in on_end): a no-op except while one micro-batch is recorded.
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
         self._hooks.__enter__()
-        self._handles = [
+        self._handles += [
             model.register_forward_pre_hook(self._start), model.register_forward_hook(self._until_backward),
             register_optimizer_step_pre_hook(
                 lambda opt, *_: self.values.update(gradients=local_bytes(p.grad for g in opt.param_groups

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from m11_helpers.config import TINY_GPT, TINY_LLAMA, TransformerConfig
-from m11_helpers.validate import one_of, positive_int
+from m11_helpers.validate import fraction, one_of, positive_int
 
 
 class CausalSelfAttention(nn.Module):
@@ -49,24 +49,30 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
+    """Pre-norm transformer block: x + attn(ln(x)), then x + mlp(ln(x)); with `dropout` p > 0, each branch dropped
+    out before it is added (GPT-2's residual dropout, Radford et al. 2019): one mask per branch from torch's RNG."""
 
-    def __init__(self, cfg: TransformerConfig, attention: str = "sdpa"):
+    def __init__(self, cfg: TransformerConfig, attention: str = "sdpa", dropout: float = 0.0):
         super().__init__()
         self.ln_1 = nn.LayerNorm(cfg.hidden, bias=cfg.bias)
         self.attn = CausalSelfAttention(cfg, attention)
         self.ln_2 = nn.LayerNorm(cfg.hidden, bias=cfg.bias)
         self.mlp = MLP(cfg)
+        self.dropout = fraction("dropout", dropout, allow_zero=True)  # 0: no mask, no random number drawn
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x))
-        return x + self.mlp(self.ln_2(x))
+        x = x + self._drop(self.attn(self.ln_1(x)))  # (B, T, C)
+        return x + self._drop(self.mlp(self.ln_2(x)))  # (B, T, C)
+
+    def _drop(self, y: torch.Tensor) -> torch.Tensor:
+        return F.dropout(y, self.dropout, self.training) if self.dropout else y
 
 
 class TinyGPT(nn.Module):
-    """GPT with learned positions and tied embeddings; `param_count(cfg)` equals its numel exactly."""
+    """GPT with learned positions and tied embeddings; `param_count(cfg)` equals its numel exactly. `dropout` p: each
+    block's residual dropout (0, the default: none; the capstone's resume test draws masks every step: lesson 11)."""
 
-    def __init__(self, cfg: TransformerConfig = TINY_GPT, attention: str = "sdpa"):
+    def __init__(self, cfg: TransformerConfig = TINY_GPT, attention: str = "sdpa", dropout: float = 0.0):
         super().__init__()
         if cfg.gated_mlp or cfg.norm != "layernorm" or not cfg.tied_embeddings or not cfg.learned_positions:
             raise ValueError("cfg must describe a GPT: gated_mlp=False, norm='layernorm', tied embeddings, "
@@ -74,7 +80,7 @@ class TinyGPT(nn.Module):
         self.cfg = cfg
         self.wte = nn.Embedding(cfg.vocab_size, cfg.hidden)
         self.wpe = nn.Embedding(cfg.seq_len, cfg.hidden)
-        self.blocks = nn.ModuleList(Block(cfg, attention) for _ in range(cfg.layers))
+        self.blocks = nn.ModuleList(Block(cfg, attention, dropout) for _ in range(cfg.layers))
         self.ln_f = nn.LayerNorm(cfg.hidden, bias=cfg.bias)
         self.head = nn.Linear(cfg.hidden, cfg.vocab_size, bias=False)
         self.head.weight = self.wte.weight  # weight tying (Press & Wolf 2017), as in GPT-2

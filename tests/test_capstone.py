@@ -185,3 +185,49 @@ def test_measured_levers_run_each_configuration_once_and_hold_the_plan(monkeypat
     monkeypatch.setattr("m11_helpers.launch.launch", lambda *a, **k: pytest.fail("measured again"))
     assert measured_levers(configs[:1], 2, 16) == {str(configs[0]): held[str(configs[0])]}  # from the cache
     assert measured_levers([Flags(accum=4)], 3, 16) == {}  # 16 rows do not split into 3 × 4: not run
+
+
+def test_the_command_is_read_as_accelerate_reads_it_and_functions_cross_processes_by_value(tmp_path):
+    from m11_helpers.capstone_command import capstone_flags, freeze, read_command, thaw
+
+    config = tmp_path / "c.yaml"
+    config.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\nnum_processes: 4\n"
+                      "num_machines: 1\nmixed_precision: 'no'\nuse_cpu: false\n")
+    script = ["capstone.py", "--run", "r.pkl", "--bf16", "--ac-every", "2", "--ckpt-dir", "d"]
+    cmd = read_command(["accelerate", "launch", "--config_file", config, *script])
+    assert (cmd.processes, cmd.one_process_why, cmd.script, cmd.mixed_precision) == (4, "", "capstone.py", "no")
+    assert cmd.launcher == ["--config_file", str(config)] and cmd.flags == script[1:]
+    assert read_command(["accelerate", "launch", "--config_file", config, "--num_processes", 2, *script]).processes == 2
+    assert "ONE process" in read_command(["accelerate", "launch", "--cpu", "--num_processes", 4, *script]).one_process_why
+    assert "MULTI_GPU" in read_command(["accelerate", "launch", "--num_processes", 4, *script]).one_process_why
+    with pytest.raises(ValueError, match="accelerate launch refuses"):
+        read_command(["accelerate", "launch", "--num_processes"])
+    with pytest.raises(ValueError, match="argv must start"):
+        read_command(["torchrun", "x.py"])
+    run, args, flags = capstone_flags(cmd.flags)
+    assert (run, args.bf16, args.ac_every, args.ckpt_dir, flags) == ("r.pkl", True, 2, "d", ["--bf16", "--ac-every", "2"])
+    with pytest.raises(ValueError, match="refuses its flags"):
+        capstone_flags(["--steps", "two"])
+    with pytest.raises(ValueError, match="--dropout must be a number in"):
+        capstone_flags(["--dropout", "2"])
+    scale = 3
+    code = compile("def f(x, k=2):\n    return [math.prod((x, k, scale)) for _ in range(1)]\n", "<cell>", "exec")
+    cell = {"__name__": "__main__", "math": math, "scale": scale}
+    exec(code, cell)  # a function defined in a notebook's __main__: pickle alone would look it up by name
+    thawed = thaw(freeze({"f": cell["f"], "n": 1}, tmp_path / "run.pkl"))
+    assert thawed["f"](5) == [30] and thawed["n"] == 1 and thawed["f"].__globals__["math"] is math
+
+
+def test_dropout_draws_masks_only_when_asked():
+    from m11_helpers.models import TinyGPT
+
+    x = torch.randint(0, TINY_GPT.vocab_size, (2, 8))
+    plain, dropped = TinyGPT(TINY_GPT), TinyGPT(TINY_GPT, dropout=0.5)
+    dropped.load_state_dict(plain.state_dict())
+    state = torch.get_rng_state()
+    out = plain(x)
+    assert torch.equal(torch.get_rng_state(), state)  # p = 0: no random number drawn, the course's model unchanged
+    assert not torch.equal(dropped(x), out) and not torch.equal(torch.get_rng_state(), state)
+    assert torch.equal(dropped.eval()(x), out)  # eval: no dropout
+    with pytest.raises(ValueError, match="dropout"):
+        TinyGPT(TINY_GPT, dropout=1.5)

@@ -101,6 +101,7 @@ def launch_script(
     echo: bool = True,
     show_command: bool = True,
     max_restarts: int = 0,
+    launcher_flags: list[str] | None = None,
 ) -> ScriptRun:
     """Run `script` with `accelerate launch` on `num_processes` processes, streaming `[rank k]` output live.
 
@@ -118,6 +119,9 @@ def launch_script(
     stops the rest of its node's group and starts the whole group again, up to K times, with
     `TORCHELASTIC_RESTART_COUNT` = the attempt number in each rank's environment; the script resumes
     from its own checkpoint. `ScriptRun.restarts` says how many restarts happened.
+
+    `launcher_flags`: `accelerate launch`'s own flags as a caller wrote them (`--config_file f.yaml
+    --num_processes 4`: lesson 11's command), run as they are instead of the ones built here (one node).
     """
     path = resolve_script(script)
     positive_real("timeout", timeout)  # seconds
@@ -136,6 +140,10 @@ def launch_script(
                                  num_machines=num_machines, machine_rank=machine, main_process_ip="127.0.0.1",
                                  main_process_port=port, mixed_precision=mixed_precision, max_restarts=max_restarts)
         flags.append(cmd[2:len(cmd) - len(str_args) - 1])
+    if launcher_flags is not None:  # the caller's own command line (one node): what runs is what they wrote
+        if num_machines > 1:
+            raise ValueError("launcher_flags runs one node's command: pass num_machines=1")
+        flags = [[str(f) for f in launcher_flags]]
     if show_command and echo:
         print_commands(path, str_args, p, mixed_precision, max_restarts)
     # ignore_cleanup_errors: a stopped supervisor removes the folder itself (see _stop)

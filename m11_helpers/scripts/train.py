@@ -59,7 +59,7 @@ from m11_helpers.sharded_checkpoint import Checkpointer, weights_checksum
 from m11_helpers.spike_guard import SpikeGuard, inject, next_batch, parse_batches, skip_window
 from m11_helpers.throughput import device_peak, step_throughput
 from m11_helpers.timing import synchronize
-from m11_helpers.validate import non_negative_int, positive_int, positive_real
+from m11_helpers.validate import fraction, non_negative_int, positive_int, positive_real
 
 
 def parse(argv=None) -> argparse.Namespace:
@@ -75,6 +75,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--clip", type=float, default=1.0, help="global gradient-norm clipping (0: measure the norm only)")
     p.add_argument("--bf16", action="store_true", help="bf16 compute: FSDP2 MixedPrecisionPolicy / DDP autocast")
     p.add_argument("--ac", action="store_true", help="activation checkpointing: recompute each block in backward")
+    p.add_argument("--ac-every", type=int, default=1, help="with --ac, recompute every K-th block only (0, K, 2K...)")
+    p.add_argument("--dropout", type=float, default=0.0, help="residual dropout p (0: none; masks from torch's RNG)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--data-size", type=int, default=2048, help="sequences in the synthetic data set")
     p.add_argument("--ckpt-dir", default="", help="checkpoint folder; the run resumes from it when it holds one")
@@ -92,11 +94,12 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=300, help="seconds a collective waits for a silent peer")
     p.add_argument("--log-every", type=int, default=1)
     args = p.parse_args(argv)
-    for name in ("steps", "batch", "accum", "ckpt_every", "keep", "data_size", "log_every"):
+    for name in ("steps", "batch", "accum", "ac_every", "ckpt_every", "keep", "data_size", "log_every"):
         positive_int(f"--{name.replace('_', '-')}", getattr(args, name))
     for name in ("lr", "timeout", "spike_factor"):
         positive_real(f"--{name.replace('_', '-')}", getattr(args, name))
     non_negative_int("--warmup", args.warmup)
+    fraction("--dropout", args.dropout, allow_zero=True)
     return args
 
 
@@ -118,9 +121,9 @@ def setup(args):
 
 def build_model(args, device, world):
     with torch.device("meta"):
-        model = TinyGPT(TINY_GPT)  # shapes only: nothing allocated, no random number drawn
+        model = TinyGPT(TINY_GPT, dropout=args.dropout)  # shapes only: nothing allocated, no random number drawn
     if args.ac:  # before sharding (torchtitan's order); the blocks' state-dict keys stay unchanged
-        for block in model.blocks:  # keep each block's input only, recompute the rest during backward
+        for block in model.blocks[::args.ac_every]:  # keep each block's input only, recompute the rest in backward
             block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
     if args.parallel == "fsdp2":
         mesh = init_device_mesh(device.type, (world,))
@@ -181,6 +184,8 @@ def main(argv=None, observer=None) -> dict:
                         timeout=args.timeout) if args.ckpt_dir else None
     state = {"scheduler": sched, "progress": progress, "guard": guard}  # besides the model and optimizer
     resumed = ckpt.load(model, opt, **state) if ckpt else None
+    if args.dropout and not resumed:
+        torch.manual_seed(args.seed + rank)  # each rank its own masks, the same on every run (a resume restores them)
     if resumed and resumed["resharded"]:
         torch.manual_seed(args.seed + 1000 * progress["step"] + rank)  # no saved RNG maps to a new layout
     progress["skipped"] += [r for r in parse_batches(args.skip_batches) if r not in progress["skipped"]]

@@ -123,9 +123,9 @@ def train_step(model, micro_batches, max_norm: float) -> tuple[float, float]:
 # %% 11.2 | shards under --bf16 with no mixed-precision policy: computes in fp32 | expect: MixedPrecisionPolicy(param_dtype=torch.bfloat16
 def build_run(args, device, world):
     with torch.device("meta"):
-        model = TinyGPT(TINY_GPT)
+        model = TinyGPT(TINY_GPT, dropout=args.dropout)
     if args.ac:
-        for block in model.blocks:
+        for block in model.blocks[::args.ac_every]:
             block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
     mesh = init_device_mesh(device.type, (world,))
     for block in model.blocks:
@@ -140,10 +140,31 @@ def build_run(args, device, world):
     ckpt = Checkpointer(args.ckpt_dir, keep=args.keep, timeout=args.timeout) if args.ckpt_dir else None
     return model, optimizer, scheduler, ckpt
 
-# %% 11.2 | ignores --ac: no block is recomputed | expect: checkpoint every block
+# %% 11.2 | ignores --ac: no block is recomputed | expect: checkpoint the blocks the flags declare
 def build_run(args, device, world):
     with torch.device("meta"):
-        model = TinyGPT(TINY_GPT)
+        model = TinyGPT(TINY_GPT, dropout=args.dropout)
+    mesh = init_device_mesh(device.type, (world,))
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if args.bf16 else None, reduce_dtype=torch.float32)
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
+    materialize(model, device, seed=args.seed)
+    params = list(model.parameters())
+    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": args.weight_decay},
+              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+    optimizer = torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.95), fused=True)
+    scheduler = warmup_cosine(optimizer, warmup=args.warmup, total=args.steps, floor=args.min_lr_ratio)
+    ckpt = Checkpointer(args.ckpt_dir, keep=args.keep, timeout=args.timeout) if args.ckpt_dir else None
+    return model, optimizer, scheduler, ckpt
+
+# %% 11.2 | checkpoints every block whatever --ac-every declares | expect: model.blocks[::args.ac_every]
+def build_run(args, device, world):
+    with torch.device("meta"):
+        model = TinyGPT(TINY_GPT, dropout=args.dropout)
+    if args.ac:
+        for block in model.blocks:
+            block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
     mesh = init_device_mesh(device.type, (world,))
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if args.bf16 else None, reduce_dtype=torch.float32)
     for block in model.blocks:
@@ -161,9 +182,9 @@ def build_run(args, device, world):
 # %% 11.2 | one fully_shard for the whole model, none per block | expect: one fully_shard per block
 def build_run(args, device, world):
     with torch.device("meta"):
-        model = TinyGPT(TINY_GPT)
+        model = TinyGPT(TINY_GPT, dropout=args.dropout)
     if args.ac:
-        for block in model.blocks:
+        for block in model.blocks[::args.ac_every]:
             block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
     mesh = init_device_mesh(device.type, (world,))
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if args.bf16 else None, reduce_dtype=torch.float32)
@@ -180,9 +201,9 @@ def build_run(args, device, world):
 # %% 11.2 | weight decay on every parameter, biases and norm gains too | expect: weight decay on the matrices only
 def build_run(args, device, world):
     with torch.device("meta"):
-        model = TinyGPT(TINY_GPT)
+        model = TinyGPT(TINY_GPT, dropout=args.dropout)
     if args.ac:
-        for block in model.blocks:
+        for block in model.blocks[::args.ac_every]:
             block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
     mesh = init_device_mesh(device.type, (world,))
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if args.bf16 else None, reduce_dtype=torch.float32)
@@ -215,8 +236,23 @@ def train_loop(run, train_step):
     run.ckpt.wait()
     return step
 
-def launch_capstone(trial, *args, **kwargs):
-    return launch(trial, *args, num_processes=4, device="cpu", timeout=150, show_output=False, **kwargs)
+
+def capstone_config() -> str:
+    return """\
+compute_environment: LOCAL_MACHINE
+distributed_type: MULTI_GPU  # torchrun's N processes (on a CPU box ACCELERATE_USE_CPU=1 makes them gloo ranks)
+num_machines: 1
+num_processes: 4
+mixed_precision: 'no'  # the script's --bf16 is the one precision policy: no second autocast
+use_cpu: false  # true starts ONE process, whatever num_processes says
+"""
+
+
+def capstone_command(config_file, run_file, ckpt_dir, run_flags) -> list:
+    levers = ["--bf16", "--accum", 2, "--ac", "--ac-every", 2, "--dropout", 0.1]  # my policy: blocks 0 and 2
+    return ["accelerate", "launch", "--config_file", config_file, script_path("capstone.py"), "--run", run_file,
+            *levers, *run_flags, "--ckpt-dir", ckpt_dir]
+
 
 # %% 11.3 | checkpoints the model and optimizer but not the scheduler | expect: the scheduler is state
 def train_loop(run, train_step):
@@ -237,14 +273,215 @@ def train_loop(run, train_step):
     run.ckpt.wait()
     return step
 
-def launch_capstone(trial, *args, **kwargs):
-    return launch(trial, *args, num_processes=4, device="cpu", timeout=150, show_output=False, **kwargs)
 
-# %% 11.3 | starts the run on 2 ranks, not 4 | expect: num_processes=4
+def capstone_config() -> str:
+    return """\
+compute_environment: LOCAL_MACHINE
+distributed_type: MULTI_GPU  # torchrun's N processes (on a CPU box ACCELERATE_USE_CPU=1 makes them gloo ranks)
+num_machines: 1
+num_processes: 4
+mixed_precision: 'no'  # the script's --bf16 is the one precision policy: no second autocast
+use_cpu: false  # true starts ONE process, whatever num_processes says
+"""
+
+
+def capstone_command(config_file, run_file, ckpt_dir, run_flags) -> list:
+    levers = ["--bf16", "--accum", 2, "--ac", "--ac-every", 2, "--dropout", 0.1]  # my policy: blocks 0 and 2
+    return ["accelerate", "launch", "--config_file", config_file, script_path("capstone.py"), "--run", run_file,
+            *levers, *run_flags, "--ckpt-dir", ckpt_dir]
+
+
+# %% 11.3 | starts the run on 2 processes, not 4 | expect: num_processes: 4
+def train_loop(run, train_step) -> int:
+    state = {"scheduler": run.scheduler}  # with the model and optimizer (and the RNG, which ckpt keeps itself)
+    resumed = run.ckpt.load(run.model, run.optimizer, **state)
+    step = resumed["step"] if resumed else 0  # checkpoint N holds the state after N steps: N runs next
+    while step < run.steps:
+        if run.stop_requested():  # agreed: every rank stops at this same boundary
+            run.ckpt.save(step, run.model, run.optimizer, **state)
+            run.ckpt.wait()  # landed before we return (and the process may exit)
+            return step
+        train_step(run.model, run.micro_batches(step), run.clip)
+        run.optimizer.step()
+        run.scheduler.step()
+        run.optimizer.zero_grad(set_to_none=True)
+        step += 1
+        if step % run.ckpt_every == 0 or step == run.steps:
+            run.ckpt.save(step, run.model, run.optimizer, **state)  # async: the next step overlaps the write
+    run.ckpt.wait()
+    return step
+
+
+def capstone_config():
+    return """\
+compute_environment: LOCAL_MACHINE
+distributed_type: MULTI_GPU
+num_machines: 1
+num_processes: 2
+mixed_precision: 'no'
+use_cpu: false
+"""
+
+
+def capstone_command(config_file, run_file, ckpt_dir, run_flags):
+    levers = ["--bf16", "--accum", 2, "--ac", "--ac-every", 2, "--dropout", 0.1]
+    return ["accelerate", "launch", "--config_file", config_file, script_path("capstone.py"), "--run", run_file,
+            *levers, *run_flags, "--ckpt-dir", ckpt_dir]
+
+# %% 11.3 | --cpu for a CPU box: accelerate then starts ONE process | expect: not --cpu / use_cpu
+def train_loop(run, train_step) -> int:
+    state = {"scheduler": run.scheduler}  # with the model and optimizer (and the RNG, which ckpt keeps itself)
+    resumed = run.ckpt.load(run.model, run.optimizer, **state)
+    step = resumed["step"] if resumed else 0  # checkpoint N holds the state after N steps: N runs next
+    while step < run.steps:
+        if run.stop_requested():  # agreed: every rank stops at this same boundary
+            run.ckpt.save(step, run.model, run.optimizer, **state)
+            run.ckpt.wait()  # landed before we return (and the process may exit)
+            return step
+        train_step(run.model, run.micro_batches(step), run.clip)
+        run.optimizer.step()
+        run.scheduler.step()
+        run.optimizer.zero_grad(set_to_none=True)
+        step += 1
+        if step % run.ckpt_every == 0 or step == run.steps:
+            run.ckpt.save(step, run.model, run.optimizer, **state)  # async: the next step overlaps the write
+    run.ckpt.wait()
+    return step
+
+
+def capstone_config():
+    return """\
+compute_environment: LOCAL_MACHINE
+distributed_type: MULTI_CPU
+num_machines: 1
+num_processes: 4
+mixed_precision: 'no'
+use_cpu: true
+"""
+
+
+def capstone_command(config_file, run_file, ckpt_dir, run_flags):
+    levers = ["--bf16", "--accum", 2, "--ac", "--ac-every", 2, "--dropout", 0.1]
+    return ["accelerate", "launch", "--config_file", config_file, script_path("capstone.py"), "--run", run_file,
+            *levers, *run_flags, "--ckpt-dir", ckpt_dir]
+
+# %% 11.3 | 4 processes but no multi-process launcher (distributed_type NO) | expect: distributed_type: MULTI_GPU
+def train_loop(run, train_step) -> int:
+    state = {"scheduler": run.scheduler}  # with the model and optimizer (and the RNG, which ckpt keeps itself)
+    resumed = run.ckpt.load(run.model, run.optimizer, **state)
+    step = resumed["step"] if resumed else 0  # checkpoint N holds the state after N steps: N runs next
+    while step < run.steps:
+        if run.stop_requested():  # agreed: every rank stops at this same boundary
+            run.ckpt.save(step, run.model, run.optimizer, **state)
+            run.ckpt.wait()  # landed before we return (and the process may exit)
+            return step
+        train_step(run.model, run.micro_batches(step), run.clip)
+        run.optimizer.step()
+        run.scheduler.step()
+        run.optimizer.zero_grad(set_to_none=True)
+        step += 1
+        if step % run.ckpt_every == 0 or step == run.steps:
+            run.ckpt.save(step, run.model, run.optimizer, **state)  # async: the next step overlaps the write
+    run.ckpt.wait()
+    return step
+
+
+def capstone_config():
+    return """\
+compute_environment: LOCAL_MACHINE
+distributed_type: 'NO'
+num_machines: 1
+num_processes: 4
+mixed_precision: 'no'
+use_cpu: false
+"""
+
+
+def capstone_command(config_file, run_file, ckpt_dir, run_flags):
+    levers = ["--bf16", "--accum", 2, "--ac", "--ac-every", 2, "--dropout", 0.1]
+    return ["accelerate", "launch", "--config_file", config_file, script_path("capstone.py"), "--run", run_file,
+            *levers, *run_flags, "--ckpt-dir", ckpt_dir]
+
+# %% 11.3 | leaves --bf16 out of the command: the run computes in fp32 | expect: every lever on
+def train_loop(run, train_step) -> int:
+    state = {"scheduler": run.scheduler}  # with the model and optimizer (and the RNG, which ckpt keeps itself)
+    resumed = run.ckpt.load(run.model, run.optimizer, **state)
+    step = resumed["step"] if resumed else 0  # checkpoint N holds the state after N steps: N runs next
+    while step < run.steps:
+        if run.stop_requested():  # agreed: every rank stops at this same boundary
+            run.ckpt.save(step, run.model, run.optimizer, **state)
+            run.ckpt.wait()  # landed before we return (and the process may exit)
+            return step
+        train_step(run.model, run.micro_batches(step), run.clip)
+        run.optimizer.step()
+        run.scheduler.step()
+        run.optimizer.zero_grad(set_to_none=True)
+        step += 1
+        if step % run.ckpt_every == 0 or step == run.steps:
+            run.ckpt.save(step, run.model, run.optimizer, **state)  # async: the next step overlaps the write
+    run.ckpt.wait()
+    return step
+
+
+def capstone_config():
+    return """\
+compute_environment: LOCAL_MACHINE
+distributed_type: MULTI_GPU
+num_machines: 1
+num_processes: 4
+mixed_precision: 'no'
+use_cpu: false
+"""
+
+
+def capstone_command(config_file, run_file, ckpt_dir, run_flags):
+    levers = ["--accum", 2, "--ac", "--ac-every", 2, "--dropout", 0.1]
+    return ["accelerate", "launch", "--config_file", config_file, script_path("capstone.py"), "--run", run_file,
+            *levers, *run_flags, "--ckpt-dir", ckpt_dir]
+
+# %% 11.3 | launches the reference script, not the capstone | expect: script_path('capstone.py')
+def train_loop(run, train_step) -> int:
+    state = {"scheduler": run.scheduler}  # with the model and optimizer (and the RNG, which ckpt keeps itself)
+    resumed = run.ckpt.load(run.model, run.optimizer, **state)
+    step = resumed["step"] if resumed else 0  # checkpoint N holds the state after N steps: N runs next
+    while step < run.steps:
+        if run.stop_requested():  # agreed: every rank stops at this same boundary
+            run.ckpt.save(step, run.model, run.optimizer, **state)
+            run.ckpt.wait()  # landed before we return (and the process may exit)
+            return step
+        train_step(run.model, run.micro_batches(step), run.clip)
+        run.optimizer.step()
+        run.scheduler.step()
+        run.optimizer.zero_grad(set_to_none=True)
+        step += 1
+        if step % run.ckpt_every == 0 or step == run.steps:
+            run.ckpt.save(step, run.model, run.optimizer, **state)  # async: the next step overlaps the write
+    run.ckpt.wait()
+    return step
+
+
+def capstone_config():
+    return """\
+compute_environment: LOCAL_MACHINE
+distributed_type: MULTI_GPU
+num_machines: 1
+num_processes: 4
+mixed_precision: 'no'
+use_cpu: false
+"""
+
+
+def capstone_command(config_file, run_file, ckpt_dir, run_flags):
+    levers = ["--bf16", "--accum", 2, "--ac", "--ac-every", 2, "--dropout", 0.1]
+    return ["accelerate", "launch", "--config_file", config_file, script_path("train.py"), "--run", run_file,
+            *levers, *run_flags, "--ckpt-dir", ckpt_dir]
+
+# %% 11.3 | reseeds every rank after resuming: the restarted steps draw the first step's masks again | expect: do not reseed after a resume
 def train_loop(run, train_step):
     state = {"scheduler": run.scheduler}
     resumed = run.ckpt.load(run.model, run.optimizer, **state)
     step = resumed["step"] if resumed else 0
+    torch.manual_seed(run.args.seed + run.rank)  # "reproducible": every start draws the same masks
     while step < run.steps:
         if run.stop_requested():
             run.ckpt.save(step, run.model, run.optimizer, **state)
@@ -261,8 +498,22 @@ def train_loop(run, train_step):
     return step
 
 
-def launch_capstone(trial, *args, **kwargs):
-    return launch(trial, *args, num_processes=2, device="cpu", timeout=150, show_output=False, **kwargs)
+def capstone_config() -> str:
+    return """\
+compute_environment: LOCAL_MACHINE
+distributed_type: MULTI_GPU  # torchrun's N processes (on a CPU box ACCELERATE_USE_CPU=1 makes them gloo ranks)
+num_machines: 1
+num_processes: 4
+mixed_precision: 'no'  # the script's --bf16 is the one precision policy: no second autocast
+use_cpu: false  # true starts ONE process, whatever num_processes says
+"""
+
+
+def capstone_command(config_file, run_file, ckpt_dir, run_flags) -> list:
+    levers = ["--bf16", "--accum", 2, "--ac", "--ac-every", 2, "--dropout", 0.1]  # my policy: blocks 0 and 2
+    return ["accelerate", "launch", "--config_file", config_file, script_path("capstone.py"), "--run", run_file,
+            *levers, *run_flags, "--ckpt-dir", ckpt_dir]
+
 
 # %% 11.4 | fits on the model states alone, forgetting the activations | expect: the activations count too
 def pick_levers(budget, world_size=2, batch=16):
