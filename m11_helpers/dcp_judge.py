@@ -19,6 +19,7 @@ from pathlib import Path
 import torch.distributed.checkpoint as dcp
 
 from m11_helpers.compare import max_diff
+from m11_helpers.dcp_drill import GRACE_S
 from m11_helpers.sharded_checkpoint import step_dir
 
 __all__ = ["FILE_OPS", "TOLERANCE", "save_problems", "shard_share", "checkpoint_problems", "kill_expectation",
@@ -52,7 +53,7 @@ def save_problems(outs: list[dict], folder, save_at: tuple[int, ...]) -> list[tu
                              "dcp.async_save, which returns once the state is staged in memory"))
         elif gate == "no step began":
             problems.append((f"a training step to run while rank {r}'s write was in flight (none began within "
-                             "1.5 s: save_async waited for the write)",
+                             f"{GRACE_S:g} s: save_async waited for the write)",
                              "do not wait on async_save's future inside save_async: publish from its "
                              "done-callback and return a future of your own, and training goes on"))
         outside = sorted({e[2] for e in out["events"] if e[1] == "write" and os.path.dirname(e[2]) not in tmps})
