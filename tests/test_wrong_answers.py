@@ -35,7 +35,11 @@ DEMO = Path(__file__).parent / "data" / "grading" / "solutions" / "00_demo.ipynb
 # the equivalence sample: the grader's fixture, lesson 00, and the first of these lessons
 CHEAP = ("01_hardware", "08_activation_checkpointing", "07_gradient_accumulation", "03_data_parallel",
          "06_mixed_precision", "09_efficiency", "02_collectives", "05_zero_fsdp", "04_model_parallel")
-_runs: dict[Path, tuple] = {}  # one graded run per lesson, shared by the tests below
+# lessons graded in parts (run_wrong_answers(exercises=...)): lesson 11's one run was 97 s in CI, over the
+# 90 s a test may take, and 11.3's check alone (a real 4-process accelerate launch) is a third of it
+PARTS = {"11_capstone": (("11.1",), ("11.2", "11.4"), ("11.3",))}
+RUNS = [(DEMO, None), *((p, part) for p in SOLUTIONS for part in PARTS.get(p.stem, (None,)))]
+_runs: dict[tuple, tuple] = {}  # one graded run per lesson (or part), shared by the tests below
 
 
 def _answers(solution: Path):
@@ -44,10 +48,14 @@ def _answers(solution: Path):
     return parse(path.read_text(encoding="utf-8"), str(path))
 
 
-def _run(solution: Path) -> tuple[list[str], list]:
-    if solution not in _runs:
-        _runs[solution] = run_wrong_answers(solution)
-    return _runs[solution]
+def _run(solution: Path, part: tuple[str, ...] | None = None) -> tuple[list[str], list]:
+    if (solution, part) not in _runs:
+        _runs[solution, part] = run_wrong_answers(solution, exercises=part)
+    return _runs[solution, part]
+
+
+def _run_id(solution: Path, part: tuple[str, ...] | None) -> str:
+    return solution.stem + (f"_part{PARTS[solution.stem].index(part) + 1}" if part else "")
 
 
 def test_parse_reads_headers_and_rejects_malformed_ones():
@@ -78,11 +86,20 @@ def test_a_lesson_without_a_wrong_answers_file_fails(tmp_path):
         test_every_exercise_records_two_wrong_answers(lone)
 
 
+def test_a_lesson_in_parts_grades_each_exercise_in_exactly_one_part():
+    for stem, parts in PARTS.items():
+        nb = nbformat.read(ROOT / "solutions" / f"{stem}.ipynb", as_version=4)
+        exercises = sorted({exercise_of(c) for c in nb.cells if role_of(c) == CHECK})
+        assert sorted(ex for part in parts for ex in part) == exercises, f"{stem}'s parts: {parts}"
+    with pytest.raises(ValueError, match=r"exercises must name exercises of 00_demo.ipynb \(.*\); got 9.9"):
+        run_wrong_answers(DEMO, exercises=("9.9",))
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(NOTEBOOK_TIMEOUT + MARGIN_S)
-@pytest.mark.parametrize("solution", [DEMO, *SOLUTIONS], ids=[DEMO.stem, *(p.stem for p in SOLUTIONS)])
-def test_wrong_answers_score_zero_with_their_hint(solution):
-    failures, verdicts = _run(solution)
+@pytest.mark.parametrize("solution, part", RUNS, ids=[_run_id(*r) for r in RUNS])
+def test_wrong_answers_score_zero_with_their_hint(solution, part):
+    failures, verdicts = _run(solution, part)
     assert not failures, f"the solution itself does not score full marks: {failures}"
     bad = [(v.answer.exercise, v.answer.mistake, v.message.splitlines()[0] if v.message else "passed")
            for v in verdicts if not (v.scored_zero and v.hint_ok)]
@@ -99,7 +116,7 @@ def _sample() -> list[tuple[Path, int]]:
 @pytest.mark.parametrize("solution, index", _sample(), ids=[f"{p.stem}-{i}" for p, i in _sample()])
 def test_one_kernel_verdict_equals_m11_grade_on_the_substituted_notebook(solution, index, tmp_path):
     answer = _answers(solution)[index]
-    verdicts = _runs[solution][1] if solution in _runs else run_wrong_answers(solution, [answer])[1]
+    verdicts = _runs[solution, None][1] if (solution, None) in _runs else run_wrong_answers(solution, [answer])[1]
     verdict = next(v for v in verdicts if v.answer == answer)
     nb = nbformat.read(solution, as_version=4)
     cells = [c for c in nb.cells if role_of(c) == SOLUTION and exercise_of(c) == answer.exercise]

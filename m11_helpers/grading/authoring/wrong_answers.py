@@ -24,7 +24,13 @@ per wrong answer; `tests/test_wrong_answers.py` shows on a sample that the verdi
 `m11 grade`'s on the solution notebook with that one answer substituted. The kernel runs in a
 temporary copy of the solution's folder (nothing is written into the repository).
 
+A lesson whose one run is too long for one test is graded in parts (`exercises=`): each part is the
+solution with only its exercises' check cells (the others' become plain comment cells; `m11 grade` of the whole
+solution is tests/test_lessons_graded.py's), then those exercises' wrong answers. A check's cost is paid
+once per lesson, not once per part, as splitting the answers alone would.
+
     python -m m11_helpers.grading.authoring.wrong_answers solutions/00_welcome.ipynb
+    python -m m11_helpers.grading.authoring.wrong_answers solutions/11_capstone.ipynb --exercises 11.3
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ from pathlib import Path
 
 import nbformat
 
-from m11_helpers.grading.cells import AUTHOR_ROLES, SOLUTION, m11_meta
+from m11_helpers.grading.cells import AUTHOR_ROLES, CHECK, SOLUTION, m11_meta
 from m11_helpers.grading.engine.runner import CellMap, prepare, run_cells, score, why
 
 __all__ = ["NOTEBOOK_TIMEOUT", "WrongAnswer", "Verdict", "parse", "wrong_answers_path", "run_wrong_answers", "main"]
@@ -141,23 +147,36 @@ def _build(nb, answers: list[WrongAnswer], sol: dict, chk: dict):
 
 
 def run_wrong_answers(solution: Path, answers: list[WrongAnswer] | None = None, *, cell_timeout: float = 120,
-                      extra_paths: tuple[Path, ...] = (),
+                      extra_paths: tuple[Path, ...] = (), exercises: tuple[str, ...] | None = None,
                       notebook_timeout: float = NOTEBOOK_TIMEOUT) -> tuple[list[str], list[Verdict]]:
     """Grade `answers` (default: the lesson's file) in one graded run; return (solution failures, verdicts).
 
     The notebook runs from a copy of itself in a temporary folder (with `extra_paths` copied beside
     it). The first list holds the cells of the correct solution that failed (empty: full marks).
+    `exercises` (a part of the lesson): only their checks run in the solution pass, only their answers after it.
     """
     solution = Path(solution)
     if answers is None:
         answers = parse(wrong_answers_path(solution).read_text(encoding="utf-8"), str(wrong_answers_path(solution)))
     nb = nbformat.read(solution, as_version=4)
     sol, chk = _index(nb)
+    if exercises is not None:
+        unknown = sorted(set(exercises) - set(chk))
+        if unknown or not exercises:
+            raise ValueError(f"exercises must name exercises of {solution.name} ({', '.join(sorted(chk))}); "
+                             f"got {', '.join(exercises) or 'none'}")
+        answers = [a for a in answers if a.exercise in exercises]
+        chk = {ex: ids for ex, ids in chk.items() if ex in exercises}
     for a in answers:
         if a.exercise not in chk or a.cell >= len(sol.get(a.exercise, [])):
             raise ValueError(f"line {a.line}: exercise {a.exercise} (cell={a.cell}) has no such solution cell "
                              f"in {solution.name}; exercises: {', '.join(sorted(chk))}")
     graded, plans = _build(nb, answers, sol, chk)
+    kept = {i for ids in chk.values() for i in ids}
+    for i, cell in enumerate(nb.cells):  # another part's checks: that part runs them
+        if m11_meta(cell).get("role") == CHECK and i not in kept:
+            graded.cells[i].source = f"# exercise {m11_meta(cell).get('exercise')}'s checks run in another part"
+            graded.cells[i].metadata.pop("m11", None)  # a plain cell now: the guard expects a check's passed() line
     notes: list[str] = []
     with tempfile.TemporaryDirectory(prefix="m11-wrong-") as tmp:
         # a folder of its own inside the private one: the sandbox treats a submission's parent as the class
@@ -201,11 +220,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("solutions", nargs="+", type=Path)
     ap.add_argument("--cell-timeout", type=float, default=120)
     ap.add_argument("--notebook-timeout", type=float, default=NOTEBOOK_TIMEOUT, help="seconds for one lesson's run")
+    ap.add_argument("--exercises", nargs="+", help="grade one part: these exercises' checks and answers only")
     args = ap.parse_args(argv)
     bad = 0
     for sol in args.solutions:
-        failures, verdicts = run_wrong_answers(sol, cell_timeout=args.cell_timeout,
-                                               notebook_timeout=args.notebook_timeout)
+        failures, verdicts = run_wrong_answers(sol, cell_timeout=args.cell_timeout, exercises=args.exercises and
+                                               tuple(args.exercises), notebook_timeout=args.notebook_timeout)
         print(f"{sol.name}: solution {'full marks' if not failures else 'FAILED: ' + '; '.join(failures)}")
         for v in verdicts:
             ok = v.scored_zero and v.hint_ok
