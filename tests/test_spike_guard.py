@@ -1,5 +1,5 @@
-"""The loss-spike guard: verdicts, the running median, skipped batches; and on real ranks, a run with an
-injected bad batch rolls back, skips it and ends bit-identical to a run that never read those batches."""
+"""The loss-spike guard: verdicts, the running median, skipped batches; and on real ranks, a run with
+injected bad batches (a NaN, a spike) rolls back, skips them and ends bit-identical to a run that never read them."""
 
 import math
 
@@ -69,21 +69,18 @@ def _train(*argv):
     return launch(run_train, *RUN, *argv, num_processes=2, show_output=False)[0]
 
 
-@pytest.fixture(scope="module")
-def clean(tmp_path_factory):
-    """The run an operator would restart by hand with batches 6-7 skipped (PaLM's window for a bad batch 7)."""
-    return _train("--ckpt-dir", tmp_path_factory.mktemp("clean"), "--skip-batches", "6-7")
-
-
-@pytest.mark.parametrize("kind,reason", [("nan", "non-finite loss"), ("spike", "loss spike")])
-def test_injected_bad_batch_rolls_back_skips_and_recovers(tmp_path, clean, kind, reason):
-    hit = _train("--ckpt-dir", tmp_path, "--inject-bad-batch", 7, "--bad-batch-kind", kind)
-    # batch 7 is caught before its step is applied; the run goes back to the step-6 checkpoint and
-    # skips batches 6-7 (from the checkpoint's data position through the bad batch)
-    [rb] = hit["rollbacks"]
-    assert rb["batch"] == 7 and rb["to_step"] == 6 and rb["skipped"] == [6, 7] and rb["reason"].startswith(reason)
-    assert hit["skipped"] == [[6, 7]] and all(math.isfinite(v) for v in hit["losses"])
-    # recovered = exactly the run restarted by hand with those batches skipped, bit for bit
+def test_injected_bad_batches_roll_back_skip_and_recover(tmp_path):
+    # one run, two drills: a NaN loss at batch 7, a ×1000 spike at batch 11; each is caught before its step is
+    # applied, the run goes back to the newest checkpoint (steps 6, then 9) and skips from that checkpoint's
+    # data position through the bad batch (PaLM's window): batches 6-7, then 11
+    hit = _train("--ckpt-dir", tmp_path, "--inject-bad-batch", "7,11", "--bad-batch-kind", "nan,spike")
+    nan, spike = hit["rollbacks"]
+    assert (nan["batch"], nan["to_step"], nan["skipped"]) == (7, 6, [6, 7]) and nan["reason"] == "non-finite loss"
+    assert (spike["batch"], spike["to_step"], spike["skipped"]) == (11, 9, [11, 11])
+    assert spike["reason"].startswith("loss spike")
+    assert hit["skipped"] == [[6, 7], [11, 11]] and all(math.isfinite(v) for v in hit["losses"])
+    # recovered = exactly the run an operator would restart by hand with those batches skipped, bit for bit
+    clean = _train("--skip-batches", "6-7,11")
     assert clean["checksum"] == hit["checksum"] and loss_curve(clean) == loss_curve(hit)
 
 
