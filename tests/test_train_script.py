@@ -2,7 +2,7 @@
 resume within float-summation tolerance, SIGKILL/SIGTERM/crash + resume bit-identical, elastic restarts.
 
 One chain of runs serves every comparison: an uninterrupted 2-rank run (module-scoped), 4 ranks resumed
-from its step 4, 2 ranks resumed from those 4 ranks' step 8; the fault drills start from the 2-rank
+from its step 8, 2 ranks resumed from those 4 ranks' step 10; the fault drills start from the 2-rank
 run's checkpoints and must end on its weights, bit for bit. Resharding
 tolerance: a different number of ranks sums each gradient element's per-rank partial sums in a
 different order (and each rank's local mean runs over a different number of rows), so gradients
@@ -73,9 +73,9 @@ def ref2(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def on4(ref2, tmp_path_factory):
-    """4 ranks resumed from the 2-rank run's step 4 (resharded), to step 12; checkpoints at 8 and 12."""
-    folder = _copy_checkpoint(ref2["dir"], 4, tmp_path_factory.mktemp("on4"))
-    result, weights = run(4, *COMMON, "--ckpt-dir", folder)
+    """4 ranks resumed from the 2-rank run's step 8 (resharded), to step 12; checkpoints at 10 and 12."""
+    folder = _copy_checkpoint(ref2["dir"], 8, tmp_path_factory.mktemp("on4"))
+    result, weights = run(4, *COMMON, "--ckpt-every", 2, "--ckpt-dir", folder)
     return {"result": result, "weights": weights, "dir": folder}
 
 
@@ -111,9 +111,9 @@ def _single_process_losses(steps, batch=16, lr=3e-3, seed=0, warmup=4):
 def test_fsdp2_on_2_and_4_ranks_matches_one_process(ref2, on4):
     single = _single_process_losses(STEPS)
     r, q = ref2["result"], on4["result"]
-    assert r["steps"] == list(range(STEPS)) and r["world"] == 2 and q["steps"] == list(range(4, STEPS)) and q["world"] == 4
+    assert r["steps"] == list(range(STEPS)) and r["world"] == 2 and q["steps"] == list(range(8, STEPS)) and q["world"] == 4
     torch.testing.assert_close(r["losses"], single, rtol=LOSS_RTOL, atol=0)
-    torch.testing.assert_close(q["losses"], single[4:], rtol=LOSS_RTOL, atol=0)  # 8 steps on 4 ranks
+    torch.testing.assert_close(q["losses"], single[8:], rtol=LOSS_RTOL, atol=0)  # 4 steps on 4 ranks
     assert r["losses"][-1] < r["losses"][0] - 0.3  # it learns
     assert complete_steps(ref2["dir"]) == [4, 8, 12]  # --keep 10: nothing deleted yet
 
@@ -165,16 +165,16 @@ def test_accumulation_reduces_gradients_once_per_step(parallel, extra, rtol):
 
 def test_resume_on_4_ranks_from_a_2_rank_checkpoint(ref2, on4):
     r, w = on4["result"], on4["weights"]
-    assert r["resumed"]["saved_world_size"] == 2 and r["resumed"]["resharded"] and r["steps"] == list(range(4, STEPS))
-    torch.testing.assert_close(r["losses"], ref2["result"]["losses"][4:], rtol=LOSS_RTOL, atol=0)
+    assert r["resumed"]["saved_world_size"] == 2 and r["resumed"]["resharded"] and r["steps"] == list(range(8, STEPS))
+    torch.testing.assert_close(r["losses"], ref2["result"]["losses"][8:], rtol=LOSS_RTOL, atol=0)
     torch.testing.assert_close(w, ref2["weights"], rtol=0, atol=WEIGHT_ATOL)
 
 
 def test_resume_on_2_ranks_from_a_4_rank_checkpoint(on4, tmp_path):
-    folder = _copy_checkpoint(on4["dir"], 8, tmp_path)  # against the 4-rank run it was written by
+    folder = _copy_checkpoint(on4["dir"], 10, tmp_path)  # against the 4-rank run it was written by
     r, w = run(2, *COMMON, "--ckpt-dir", folder)
-    assert r["resumed"]["saved_world_size"] == 4 and r["resumed"]["resharded"] and r["steps"] == list(range(8, STEPS))
-    torch.testing.assert_close(r["losses"], on4["result"]["losses"][4:], rtol=LOSS_RTOL, atol=0)
+    assert r["resumed"]["saved_world_size"] == 4 and r["resumed"]["resharded"] and r["steps"] == list(range(10, STEPS))
+    torch.testing.assert_close(r["losses"], on4["result"]["losses"][2:], rtol=LOSS_RTOL, atol=0)
     torch.testing.assert_close(w, on4["weights"], rtol=0, atol=WEIGHT_ATOL)
 
 
