@@ -76,7 +76,7 @@ LESSONS: tuple[Lesson, ...] = (
        "attention fusion profiling flash_backward"),
     _l("10_cloud_spot", "cloud cloud_launch fault_tolerance sharded_checkpoint spike_guard lr_schedule meta_init "
        "throughput reference_run live_replica live_recovery restart_drill diloco",
-       "cloud fault_tolerance sharded_checkpoint spike_guard train_script live_recovery diloco"),
+       "cloud fault_tolerance sharded_checkpoint spike_guard train_script elastic_restart live_recovery diloco"),
     _l("11_capstone", "capstone_plan capstone_gpu capstone_measure capstone_build capstone_assembly", "capstone"),
     _l("12_long_context_moe", "sequence_parallel context_parallel expert_parallel hsdp planner5d long_context_runs "
        "ulysses moe_balance", "sequence_parallel context_parallel expert_parallel hsdp planner5d long_context_runs "
