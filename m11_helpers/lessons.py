@@ -76,7 +76,8 @@ LESSONS: tuple[Lesson, ...] = (
        "attention fusion profiling flash_backward"),
     _l("10_cloud_spot", "cloud cloud_launch fault_tolerance sharded_checkpoint spike_guard lr_schedule meta_init "
        "throughput reference_run live_replica live_recovery restart_drill diloco dcp_drill dcp_judge",
-       "cloud fault_tolerance sharded_checkpoint spike_guard train_script live_recovery diloco dcp_drill"),
+       "cloud fault_tolerance sharded_checkpoint spike_guard train_script elastic_restart live_recovery diloco "
+       "dcp_drill"),
     _l("11_capstone", "capstone_plan capstone_gpu capstone_measure capstone_build capstone_assembly capstone_command",
        "capstone"),
     _l("12_long_context_moe", "sequence_parallel context_parallel expert_parallel hsdp planner5d long_context_runs "

@@ -24,6 +24,7 @@ import os
 import re
 import sys
 import threading
+from pathlib import Path
 
 from m11_helpers.resources import script_path
 from m11_helpers.validate import non_negative_int, non_negative_real
@@ -32,10 +33,11 @@ __all__ = ["script_module", "run_train", "loss_curve", "SendSignal", "exit_codes
 
 
 @functools.cache
-def script_module():
-    """`scripts/train.py` imported as a module (its `main(argv, observer)` does not run on import)."""
-    path = script_path("train.py")
-    spec = importlib.util.spec_from_file_location("m11_reference_train", path)
+def script_module(name: str = "train.py"):
+    """A course script imported as a module (its `main` does not run on import): `scripts/train.py` by default,
+    or `"train_spot.py"` (its `main(argv)` returns what the run reports)."""
+    path = script_path(name)
+    spec = importlib.util.spec_from_file_location(f"m11_reference_{Path(name).stem}", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # so pickling and dataclasses find it
     spec.loader.exec_module(module)

@@ -1,9 +1,11 @@
-"""Atomic checkpoints survive a kill mid-write; a real SIGTERM mid-run + resume is bit-identical on 2 ranks."""
+"""Atomic checkpoints survive a kill mid-write; a real SIGTERM mid-run + resume is bit-identical on 2 ranks.
+
+train_spot.py runs on forked ranks (its own `main`, in a fraction of a second) except for the one leg that is
+about the launcher: under a real `accelerate launch`, the SIGTERM reaches torchrun's agent, which forwards it.
+"""
 
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
@@ -20,8 +22,9 @@ from m11_helpers.fault_tolerance import (
     set_rng_state,
     state_checksum,
 )
-from m11_helpers.launch import accelerate_command, launch, launch_script
+from m11_helpers.launch import LaunchError, launch, launch_script
 from m11_helpers.models import mlp
+from m11_helpers.reference_run import script_module
 from m11_helpers.resources import script_path
 
 SCRIPT = script_path("train_spot.py")
@@ -113,69 +116,56 @@ def test_fsync_dir_is_public_and_keeps_its_old_name(tmp_path):
     assert fault_tolerance._fsync_dir is fault_tolerance.fsync_dir  # sharded_checkpoint imports the old name
 
 
-def _run_and_signal(tmp_path, ckpt, after_step, *extra):
-    """`accelerate launch` the script ourselves and send SIGTERM to its whole process group mid-run."""
-    progress = tmp_path / "progress.txt"
-    flags = accelerate_command(str(SCRIPT), num_processes=2, main_process_port=0)[2:-1]
-    argv = [sys.executable, "-m", "accelerate.commands.launch", *flags, str(SCRIPT), *STEPS,
-            "--ckpt-dir", str(ckpt), "--progress", str(progress), "--step-sleep", "0.2", *extra]
-    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and proc.poll() is None:
-            if progress.exists() and progress.read_text() and int(progress.read_text()) >= after_step:
-                os.killpg(proc.pid, signal.SIGTERM)  # the spot notice: launcher and ranks all get it
-                break
-            time.sleep(0.02)
-        out = proc.communicate(timeout=120)[0].decode(errors="replace")
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    return out
+SPOT = script_module("train_spot.py")  # imported here: the forked ranks inherit it and what it imports
+
+
+def spot(*argv):
+    """train_spot.py's own `main` on 2 forked ranks (m11_helpers.launch): each rank's report, in rank order."""
+    return launch(SPOT.main, [*STEPS, *argv], num_processes=2, show_output=False, timeout=120)
 
 
 @pytest.fixture(scope="module")
 def reference():
-    run = launch_script(SCRIPT, *STEPS, "--ckpt-dir", "/nonexistent-never-written", num_processes=2,
-                        show_command=False, echo=False)
-    assert [r["done"] for r in run.results] == [True, True]
-    return run.results[0]
+    run = spot("--ckpt-dir", "/nonexistent-never-written")
+    assert [r["done"] for r in run] == [True, True]
+    return run[0]
 
 
 def test_sigkill_resumes_from_the_last_periodic_checkpoint_then_sigterm_and_resume_are_bit_identical(tmp_path,
                                                                                                     reference):
     # one chain of three launches proves both recoveries: a SIGKILL (no notice) loses the steps since the last
-    # periodic checkpoint; the run resumed from it gets a real SIGTERM mid-run and checkpoints; the last resume
-    # ends bit-identical to the uninterrupted reference, so both resumes were exact
+    # periodic checkpoint; the run resumed from it, under a real `accelerate launch`, gets a real SIGTERM
+    # mid-run (rank 0 to the launcher, torchrun's agent, which forwards it to every rank) and checkpoints; the
+    # last resume ends bit-identical to the uninterrupted reference, so both resumes were exact (and forked
+    # ranks and the launcher's compute the same bits)
     ckpt = tmp_path / "ckpt"
-    killed = launch_script(SCRIPT, *STEPS, "--ckpt-dir", ckpt, "--ckpt-every", "5", "--kill-at", "12",
-                           num_processes=2, check=False, show_command=False, echo=False)
-    assert killed.returncode != 0 and killed.results == []  # no notice, nothing reported
+    with pytest.raises(LaunchError, match="SIGKILL"):  # no notice, nothing reported
+        spot("--ckpt-dir", ckpt, "--ckpt-every", 5, "--kill-at", 12)
     assert latest_checkpoint(ckpt).name == "step00010.pt"  # steps 10, 11, 12 are lost
-    out = _run_and_signal(tmp_path, ckpt, 14, "--resume")
+    signalled = launch_script(SCRIPT, *STEPS, "--ckpt-dir", ckpt, "--resume", "--preempt-at", 14, num_processes=2,
+                              check=False, show_command=False, echo=False)  # the agent, signalled, exits non-zero
+    out = signalled.output
     assert "resumed from step00010.pt at step 10" in out and "spot notice received" in out, out[-3000:]
+    assert "got signal: 15" in out  # the SIGTERM went to torchrun's agent, not to the ranks
+    assert [r["preempted_at"] for r in signalled.results] == [15, 15]  # both ranks, at the same step
     state = load_checkpoint(ckpt / "preempted.pt")
-    assert 14 < state["step"] < 24 and len(state["rng"]) == 2
-    resumed = launch_script(SCRIPT, *STEPS, "--ckpt-dir", ckpt, "--resume", num_processes=2,
-                            show_command=False, echo=False)
-    assert resumed.results[0]["start"] == state["step"]
-    assert [r["checksum"] for r in resumed.results] == [reference["checksum"]] * 2  # bitwise, both ranks
-    assert resumed.results[0]["losses"] == reference["losses"][state["step"]:]
+    assert state["step"] == 15 and len(state["rng"]) == 2
+    resumed = spot("--ckpt-dir", ckpt, "--resume")
+    assert resumed[0]["start"] == state["step"]
+    assert [r["checksum"] for r in resumed] == [reference["checksum"]] * 2  # bitwise, both ranks
+    assert resumed[0]["losses"] == reference["losses"][state["step"]:]
 
 
 def test_accelerate_save_state_preempt_then_resume_is_bit_identical(tmp_path, reference):
-    # the same batches and noise as the course's own checkpoint mode: the reference is its uninterrupted run too
+    # the same batches and noise as the course's own checkpoint mode: the reference is its uninterrupted run too;
+    # forked ranks have no agent above them: rank 0 signals itself, and the ranks agree at the next step
     ckpt, acc_flag = tmp_path / "ckpt", "--accelerate-state"
-    pre = launch_script(SCRIPT, *STEPS, "--ckpt-dir", ckpt, acc_flag, "--preempt-at", "9", num_processes=2,
-                        check=False, show_command=False, echo=False)
-    assert [r["preempted_at"] for r in pre.results] == [10, 10], pre.output[-3000:]
+    pre = spot("--ckpt-dir", ckpt, acc_flag, "--preempt-at", 9)
+    assert [r["preempted_at"] for r in pre] == [10, 10]
     assert sorted(p.name for p in ckpt.iterdir()) == ["preempted"]  # renamed into place, no .tmp left
     assert {"model.safetensors", "optimizer.bin", "random_states_0.pkl", "random_states_1.pkl",
             "step.json"} <= {p.name for p in (ckpt / "preempted").iterdir()}
-    resumed = launch_script(SCRIPT, *STEPS, "--ckpt-dir", ckpt, acc_flag, "--resume", num_processes=2,
-                            show_command=False, echo=False)
-    assert resumed.results[0]["start"] == 10 and resumed.results[0]["resumed_from"] == "preempted"
-    assert [r["checksum"] for r in resumed.results] == [reference["checksum"]] * 2  # bitwise, both ranks
-    assert resumed.results[0]["losses"] == reference["losses"][10:]
+    resumed = spot("--ckpt-dir", ckpt, acc_flag, "--resume")
+    assert resumed[0]["start"] == 10 and resumed[0]["resumed_from"] == "preempted"
+    assert [r["checksum"] for r in resumed] == [reference["checksum"]] * 2  # bitwise, both ranks
+    assert resumed[0]["losses"] == reference["losses"][10:]

@@ -51,7 +51,7 @@ def _full(model, opt):
             get_optimizer_state_dict(model, opt, options=FULL)["state"])
 
 
-def save_after_training(folder, parallel, async_save):
+def save_after_training(folder, parallel, async_save, keep=3):
     model, opt, sched = _model(parallel)
     g = torch.Generator().manual_seed(dist.get_rank())
     for _ in range(2):  # different data per rank, as in data parallelism
@@ -61,11 +61,13 @@ def save_after_training(folder, parallel, async_save):
         sched.step()
         opt.zero_grad()
     torch.manual_seed(100 + dist.get_rank())  # each rank's own random stream
-    ckpt = Checkpointer(folder, async_save=async_save)
-    ckpt.save(2, model, opt, scheduler=sched, progress={"step": 2, "cursor": 9, "skipped": [[3, 4]]})
+    ckpt = Checkpointer(folder, keep=keep, async_save=async_save)
+    for step in (0, 1, 2) if keep < 3 else (2,):  # with keep=2, steps 0 and 1 make retention delete one
+        ckpt.save(step, model, opt, scheduler=sched, progress={"step": 2, "cursor": 9, "skipped": [[3, 4]]})
     ckpt.wait()
     weights, optim = _full(model, opt)
-    return {"weights": weights, "optim": optim, "next_draw": torch.rand(2), "sched": sched.state_dict()}
+    return {"weights": weights, "optim": optim, "next_draw": torch.rand(2), "sched": sched.state_dict(),
+            "last_complete": ckpt.last_complete}
 
 
 def load_fresh(folder, parallel):
@@ -86,31 +88,67 @@ def _assert_same_state(a, b):
             assert torch.equal(a["optim"][k][s], b["optim"][k][s]), (k, s)
 
 
-def test_save_on_4_load_on_2_reshards_model_and_optimizer_exactly(tmp_path):
-    saved = launch(save_after_training, tmp_path, "fsdp2", True, num_processes=4, show_output=False)
+def on_4_ranks(folder, path):
+    """One 4-rank launch: an FSDP2 run's async DCP saves (keep=2), then the naive rank-0 torch.save of its shards."""
+    return save_after_training(folder, "fsdp2", True, keep=2), rank0_torch_save(path)
+
+
+def on_2_ranks(folder, path):
+    """One 2-rank launch: the DCP checkpoint loaded into 2 shards, then the rank-0 file tried on 2 ranks."""
+    return load_fresh(folder, "fsdp2"), rank0_file_load(path)
+
+
+@pytest.fixture(scope="module")
+def saved4(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("dcp")
+    out = launch(on_4_ranks, folder, folder.with_name(folder.name + "-rank0.pt"), num_processes=4, show_output=False)
+    return {"folder": folder, "path": folder.with_name(folder.name + "-rank0.pt"), "dcp": [r[0] for r in out],
+            "naive": [r[1] for r in out]}
+
+
+@pytest.fixture(scope="module")
+def loaded2(saved4):
+    out = launch(on_2_ranks, saved4["folder"], saved4["path"], num_processes=2, show_output=False)
+    return {"dcp": [r[0] for r in out], "naive": [r[1] for r in out]}
+
+
+def test_save_on_4_load_on_2_reshards_model_and_optimizer_exactly(saved4, loaded2):
+    saved, tmp_path = saved4["dcp"], saved4["folder"]
     folder = step_dir(tmp_path, 2)
     files = sorted(p.name for p in folder.iterdir())
     assert files == [".metadata", "__0_0.distcp", "__1_0.distcp", "__2_0.distcp", "__3_0.distcp"]
     sizes = [(folder / f).stat().st_size for f in files[1:]]
     assert max(sizes) < 0.4 * sum(sizes)  # each rank wrote its own quarter: nothing gathered on rank 0
-    assert saved_world_size(folder) == 4 and complete_steps(tmp_path) == [2] and latest_complete(tmp_path) == folder
-    loaded = launch(load_fresh, tmp_path, "fsdp2", num_processes=2, show_output=False)
-    for r in loaded:
+    assert saved_world_size(folder) == 4 and latest_complete(tmp_path) == folder
+    for r in loaded2["dcp"]:
         assert r["info"] == {"step": 2, "path": str(folder), "saved_world_size": 4, "world_size": 2,
                              "resharded": True}
         _assert_same_state(saved[0], r)  # bit for bit, though every shard boundary moved
         assert r["progress"] == {"step": 2, "cursor": 9, "skipped": [[3, 4]]} and r["sched"] == saved[0]["sched"]
 
 
+def test_retention_keeps_the_newest_k_on_real_saves(saved4):
+    # the 4-rank run saved steps 0, 1 and 2 with keep=2 (async, each save waiting for the previous one)
+    assert [r["last_complete"] for r in saved4["dcp"]] == [2] * 4
+    assert complete_steps(saved4["folder"]) == [1, 2] and not list(saved4["folder"].glob("*.tmp"))
+
+
+def save_then_load(folder):
+    """2 ranks: a DDP run's synchronous save, then, with the RNG moved on, loads into a fresh DDP and an FSDP2 model."""
+    saved = save_after_training(folder, "ddp", False)
+    torch.manual_seed(12345)  # the stream moves on: only a load that restores it gives saved["next_draw"] again
+    again = load_fresh(folder, "ddp")
+    sharded = load_fresh(folder, "fsdp2")  # DDP → FSDP2 shards
+    return saved, again, sharded
+
+
 def test_same_world_size_restores_every_ranks_rng_and_ddp_loads_into_fsdp2(tmp_path):
-    saved = launch(save_after_training, tmp_path, "ddp", False, num_processes=2, show_output=False)  # sync save
-    again = launch(load_fresh, tmp_path, "ddp", num_processes=2, show_output=False)
-    for s, r in zip(saved, again):
+    out = launch(save_then_load, tmp_path, num_processes=2, show_output=False)  # sync save
+    for s, r, _ in out:
         assert not r["info"]["resharded"] and torch.equal(r["next_draw"], s["next_draw"])  # rank r's own stream
         _assert_same_state(s, r)
-    assert not torch.equal(saved[0]["next_draw"], saved[1]["next_draw"])  # the ranks' streams differ
-    sharded = launch(load_fresh, tmp_path, "fsdp2", num_processes=2, show_output=False)  # DDP → FSDP2 shards
-    _assert_same_state(saved[0], sharded[0])
+    assert not torch.equal(out[0][0]["next_draw"], out[1][0]["next_draw"])  # the ranks' streams differ
+    _assert_same_state(out[0][0], out[0][2])
 
 
 def test_completeness_retention_and_stale_folders(tmp_path):
@@ -130,19 +168,6 @@ def test_completeness_retention_and_stale_folders(tmp_path):
         Checkpointer(tmp_path, keep=0)
     with pytest.raises(ValueError, match="step"):
         step_dir(tmp_path, -1)
-
-
-def test_retention_keeps_the_newest_k_on_real_saves(tmp_path):
-    def saves(folder):
-        model, opt, sched = _model("fsdp2")
-        ckpt = Checkpointer(folder, keep=2)
-        for step in (1, 2, 3):
-            ckpt.save(step, model, opt)
-        ckpt.wait()
-        return ckpt.last_complete
-
-    assert launch(saves, tmp_path, num_processes=2, show_output=False) == [3, 3]
-    assert complete_steps(tmp_path) == [2, 3] and not list(tmp_path.glob("*.tmp"))
 
 
 def rank0_torch_save(path):
@@ -170,14 +195,12 @@ def rank0_file_load(path):
             "weights": {k: v.clone() for k, v in get_model_state_dict(model, options=FULL).items()}}
 
 
-def test_rank0_torch_save_of_fsdp2_shards_cannot_reshard_and_silently_corrupts(tmp_path):
-    path = tmp_path / "rank0.pt"
-    on4 = launch(rank0_torch_save, path, num_processes=4, show_output=False)
+def test_rank0_torch_save_of_fsdp2_shards_cannot_reshard_and_silently_corrupts(saved4, loaded2):
+    on4 = saved4["naive"]  # the 4-rank launch, after its DCP saves
     truth, again = on4[0]
     # the file holds rank 0's quarter only (16 of 64 rows), and its DTensors name a 4-rank mesh
     assert again["rows_in_file"] == TINY_GPT.vocab_size // 4
     assert all(r[1]["error"] is None for r in on4)  # on the same 4 ranks it "loads"...
     w = again["weights"]["wte.weight"]  # ...but every rank took rank 0's rows as its own
     assert torch.equal(w[16:32], truth["wte.weight"][:16]) and not torch.equal(w, truth["wte.weight"])
-    on2 = launch(rank0_file_load, path, num_processes=2, show_output=False)
-    assert "different meshes" in on2[0]["error"]  # and on 2 ranks it cannot load at all
+    assert "different meshes" in loaded2["naive"][0]["error"]  # and on 2 ranks it cannot load at all

@@ -1,5 +1,5 @@
-"""The loss-spike guard: verdicts, the running median, skipped batches; and on real ranks, a run with an
-injected bad batch rolls back, skips it and ends bit-identical to a run that never read those batches."""
+"""The loss-spike guard: verdicts, the running median, skipped batches; and on real ranks, a run with
+injected bad batches (a NaN, a spike) rolls back, skips them and ends bit-identical to a run that never read them."""
 
 import math
 
@@ -18,7 +18,7 @@ from m11_helpers.spike_guard import (
     skip_window,
 )
 
-RUN = ["--steps", 12, "--ckpt-every", 3, "--log-every", 100]
+RUN = ["--steps", 8, "--ckpt-every", 3, "--log-every", 100]
 
 
 def test_verdicts_non_finite_and_spikes_against_the_running_median():
@@ -69,25 +69,23 @@ def _train(*argv):
     return launch(run_train, *RUN, *argv, num_processes=2, show_output=False)[0]
 
 
-@pytest.fixture(scope="module")
-def clean(tmp_path_factory):
-    """The run an operator would restart by hand with batches 6-7 skipped (PaLM's window for a bad batch 7)."""
-    return _train("--ckpt-dir", tmp_path_factory.mktemp("clean"), "--skip-batches", "6-7")
-
-
-@pytest.mark.parametrize("kind,reason", [("nan", "non-finite loss"), ("spike", "loss spike")])
-def test_injected_bad_batch_rolls_back_skips_and_recovers(tmp_path, clean, kind, reason):
-    hit = _train("--ckpt-dir", tmp_path, "--inject-bad-batch", 7, "--bad-batch-kind", kind)
-    # batch 7 is caught before its step is applied; the run goes back to the step-6 checkpoint and
-    # skips batches 6-7 (from the checkpoint's data position through the bad batch)
-    [rb] = hit["rollbacks"]
-    assert rb["batch"] == 7 and rb["to_step"] == 6 and rb["skipped"] == [6, 7] and rb["reason"].startswith(reason)
-    assert hit["skipped"] == [[6, 7]] and all(math.isfinite(v) for v in hit["losses"])
-    # recovered = exactly the run restarted by hand with those batches skipped, bit for bit
+def test_injected_bad_batches_roll_back_skip_and_recover(tmp_path):
+    # one run, two drills: a NaN loss at batch 4, a ×1000 spike at batch 8 (against the running median of 6
+    # accepted losses); each is caught before its step is applied, the run goes back to the newest checkpoint
+    # (step 3, then step 6, which read batch 7) and skips from that checkpoint's data position through the bad
+    # batch (PaLM's window): batches 3-4, then 8
+    hit = _train("--ckpt-dir", tmp_path, "--inject-bad-batch", "4,8", "--bad-batch-kind", "nan,spike")
+    nan, spike = hit["rollbacks"]
+    assert (nan["batch"], nan["to_step"], nan["skipped"]) == (4, 3, [3, 4]) and nan["reason"] == "non-finite loss"
+    assert (spike["batch"], spike["to_step"], spike["skipped"]) == (8, 6, [8, 8])
+    assert spike["reason"].startswith("loss spike")
+    assert hit["skipped"] == [[3, 4], [8, 8]] and all(math.isfinite(v) for v in hit["losses"])
+    # recovered = exactly the run an operator would restart by hand with those batches skipped, bit for bit
+    clean = _train("--skip-batches", "3-4,8")
     assert clean["checksum"] == hit["checksum"] and loss_curve(clean) == loss_curve(hit)
 
 
 def test_without_the_guard_one_nan_step_poisons_every_weight():
-    poisoned = _train("--steps", 9, "--inject-bad-batch", 7, "--no-guard")
-    assert math.isnan(poisoned["losses"][7]) and math.isnan(poisoned["losses"][8])  # the step after, too
-    assert all(math.isfinite(v) for v in poisoned["losses"][:7])
+    poisoned = _train("--steps", 6, "--inject-bad-batch", 4, "--no-guard")
+    assert math.isnan(poisoned["losses"][4]) and math.isnan(poisoned["losses"][5])  # the step after, too
+    assert all(math.isfinite(v) for v in poisoned["losses"][:4])

@@ -59,7 +59,7 @@ from m11_helpers.sharded_checkpoint import Checkpointer, weights_checksum
 from m11_helpers.spike_guard import SpikeGuard, inject, next_batch, parse_batches, skip_window
 from m11_helpers.throughput import device_peak, step_throughput
 from m11_helpers.timing import synchronize
-from m11_helpers.validate import fraction, non_negative_int, positive_int, positive_real
+from m11_helpers.validate import fraction, non_negative_int, one_of, positive_int, positive_real
 
 
 def parse(argv=None) -> argparse.Namespace:
@@ -86,8 +86,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--no-guard", action="store_true", help="apply every step, NaN or spike (to see why the guard exists)")
     p.add_argument("--spike-factor", type=float, default=3.0, help="a loss above this × the running median is a spike")
     p.add_argument("--skip-batches", default="", help="batch indices never to read, e.g. '12-15,40'")
-    p.add_argument("--inject-bad-batch", type=int, default=-1, help="DRILL: batch index whose loss is corrupted")
-    p.add_argument("--bad-batch-kind", choices=("spike", "nan"), default="nan", help="DRILL: ×1000 or NaN")
+    p.add_argument("--inject-bad-batch", default="", help="DRILL: batch indices whose loss is corrupted, e.g. '7,11'")
+    p.add_argument("--bad-batch-kind", default="nan", help="DRILL: spike (×1000) or nan; one for all, or one per batch")
     p.add_argument("--crash-at", type=int, default=-1, help="DRILL: --fault-rank raises at this step")
     p.add_argument("--hang-at", type=int, default=-1, help="DRILL: --fault-rank stops responding at this step")
     p.add_argument("--fault-rank", type=int, default=-1, help="DRILL: the rank that crashes or hangs (-1: the last)")
@@ -100,6 +100,11 @@ def parse(argv=None) -> argparse.Namespace:
         positive_real(f"--{name.replace('_', '-')}", getattr(args, name))
     non_negative_int("--warmup", args.warmup)
     fraction("--dropout", args.dropout, allow_zero=True)
+    batches = [int(b) for b in args.inject_bad_batch.split(",")] if args.inject_bad_batch else []
+    kinds = args.bad_batch_kind.split(",") * (len(batches) if "," not in args.bad_batch_kind else 1)
+    if len(kinds) != len(batches) and batches:
+        raise ValueError(f"--bad-batch-kind must give one kind, or one per --inject-bad-batch batch, got {kinds}")
+    args.bad_batches = {b: one_of("--bad-batch-kind", k, ("spike", "nan")) for b, k in zip(batches, kinds)}
     return args
 
 
@@ -209,8 +214,8 @@ def main(argv=None, observer=None) -> dict:
                     logits = model(x)  # (B/NK, T, vocab)
                 # fp32 loss (a bf16 log-softmax loses digits); ÷K: the step's loss is the mean over the batch
                 loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten()) / K
-                if batch == args.inject_bad_batch:
-                    loss = inject(loss, args.bad_batch_kind)  # DRILL: a simulated corrupted batch
+                if batch in args.bad_batches:
+                    loss = inject(loss, args.bad_batches[batch])  # DRILL: a simulated corrupted batch
                 loss.backward()
             total += loss.detach()
         # the global norm (all ranks' shards); max_norm=inf measures without clipping
