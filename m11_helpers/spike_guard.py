@@ -42,7 +42,7 @@ import torch
 
 from m11_helpers.validate import non_negative_int, one_of, positive_int, positive_real
 
-__all__ = ["SpikeGuard", "RepeatedSpikes", "next_batch", "skip_window", "parse_batches", "inject", "SPIKE_SCALE"]
+__all__ = ["SpikeGuard", "RepeatedSpikes", "next_batch", "skip_window", "parse_batches", "bad_batches", "inject", "SPIKE_SCALE"]
 
 SPIKE_SCALE = 1000.0  # how much `inject(..., "spike")` multiplies a loss (and so its gradient) by
 
@@ -123,6 +123,15 @@ def parse_batches(text: str) -> list[list[int]]:
             raise ValueError(f"batches must be ranges like '12-15,40' (first <= last), got {text!r}")
         ranges.append([int(a), int(b)])
     return ranges
+
+
+def bad_batches(indices: str, kinds: str) -> dict[int, str]:
+    """"7,11" with "nan" (one kind for all) or "nan,spike" (one per batch) → {7: "nan", 11: "spike"}: a drill's batches."""
+    batches = [int(b) for b in indices.split(",")] if indices else []
+    kind = kinds.split(",") * (len(batches) if "," not in kinds else 1)
+    if batches and len(kind) != len(batches):
+        raise ValueError(f"--bad-batch-kind must give one kind, or one per --inject-bad-batch batch, got {kind}")
+    return {b: one_of("--bad-batch-kind", k, ("spike", "nan")) for b, k in zip(batches, kind)}
 
 
 def inject(loss: torch.Tensor, kind: str) -> torch.Tensor:

@@ -12,6 +12,7 @@ from m11_helpers.spike_guard import (
     SPIKE_SCALE,
     RepeatedSpikes,
     SpikeGuard,
+    bad_batches,
     inject,
     next_batch,
     parse_batches,
@@ -56,6 +57,12 @@ def test_data_position_skips_ranges():
             parse_batches(bad)
     with pytest.raises(ValueError, match="bad_batch"):
         skip_window(6, 5)
+    assert bad_batches("7,11", "nan") == {7: "nan", 11: "nan"} and bad_batches("4,8", "nan,spike") == {4: "nan", 8: "spike"}
+    assert bad_batches("", "nan") == {}
+    with pytest.raises(ValueError, match="one per --inject-bad-batch batch"):
+        bad_batches("4,8,9", "nan,spike")
+    with pytest.raises(ValueError, match="--bad-batch-kind.*spike"):
+        bad_batches("4", "inf")
 
 
 def test_inject_is_a_labelled_simulation():

@@ -56,10 +56,10 @@ from m11_helpers.meta_init import materialize
 from m11_helpers.models import TinyGPT
 from m11_helpers.procs import exit_on_failure
 from m11_helpers.sharded_checkpoint import Checkpointer, weights_checksum
-from m11_helpers.spike_guard import SpikeGuard, inject, next_batch, parse_batches, skip_window
+from m11_helpers.spike_guard import SpikeGuard, bad_batches, inject, next_batch, parse_batches, skip_window
 from m11_helpers.throughput import device_peak, step_throughput
 from m11_helpers.timing import synchronize
-from m11_helpers.validate import fraction, non_negative_int, one_of, positive_int, positive_real
+from m11_helpers.validate import fraction, non_negative_int, positive_int, positive_real
 
 
 def parse(argv=None) -> argparse.Namespace:
@@ -100,11 +100,7 @@ def parse(argv=None) -> argparse.Namespace:
         positive_real(f"--{name.replace('_', '-')}", getattr(args, name))
     non_negative_int("--warmup", args.warmup)
     fraction("--dropout", args.dropout, allow_zero=True)
-    batches = [int(b) for b in args.inject_bad_batch.split(",")] if args.inject_bad_batch else []
-    kinds = args.bad_batch_kind.split(",") * (len(batches) if "," not in args.bad_batch_kind else 1)
-    if len(kinds) != len(batches) and batches:
-        raise ValueError(f"--bad-batch-kind must give one kind, or one per --inject-bad-batch batch, got {kinds}")
-    args.bad_batches = {b: one_of("--bad-batch-kind", k, ("spike", "nan")) for b, k in zip(batches, kinds)}
+    args.bad_batches = bad_batches(args.inject_bad_batch, args.bad_batch_kind)
     return args
 
 
