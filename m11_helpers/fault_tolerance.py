@@ -82,8 +82,6 @@ def fsync_dir(folder: str | os.PathLike) -> None:
         os.close(fd)
 
 
-_fsync_dir = fsync_dir  # the name sharded_checkpoint.py imports
-
 
 def atomic_save(obj: Any, path: str | os.PathLike) -> Path:
     """torch.save to a temporary file in the same folder, flush + fsync, then os.replace over `path`.

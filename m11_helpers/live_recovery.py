@@ -33,7 +33,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from m11_helpers.live_replica import _model_and_opt, batch_indices, run_replica, tokens, train_checksum
+from m11_helpers.live_replica import batch_indices, model_and_opt, run_replica, tokens, train_checksum
 from m11_helpers.procs import die_with_parent, kill_tree
 from m11_helpers.validate import non_negative_int, positive_int, positive_real
 
@@ -80,7 +80,7 @@ def _fork(fn) -> int:
 
 def reference_losses(steps: int, global_batch: int = 12, n: int = 192, seed: int = 0, lr: float = 1e-3) -> dict:
     """{step: loss} of the same training in one process on the whole global batch: what the drill must match."""
-    model, opt = _model_and_opt(seed, lr)
+    model, opt = model_and_opt(seed, lr)
     x, y = tokens(n).tensors  # (n, T) each
     out = {}
     for step in range(steps):

@@ -29,10 +29,11 @@ from m11_helpers.data import tokens
 from m11_helpers.fault_tolerance import batch_indices
 from m11_helpers.models import tiny_gpt
 
-__all__ = ["train_checksum", "flat_state", "load_flat_state", "run_replica"]
+__all__ = ["train_checksum", "flat_state", "load_flat_state", "run_replica", "model_and_opt"]
 
 
-def _model_and_opt(seed: int, lr: float):
+def model_and_opt(seed: int, lr: float):
+    """The replica's tiny GPT and its AdamW, state made eagerly, from `seed`: the same on every replica."""
     model = tiny_gpt(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     for p in model.parameters():  # AdamW creates its state lazily; a joiner needs the same tensors to receive into
@@ -89,7 +90,7 @@ def run_replica(rid: int, port: int, cfg: dict, ready=None) -> None:
     ready: called once the model and data are built, before the first quorum (a hot spare waits in it).
     """
     store = dist.TCPStore("127.0.0.1", port, None, False, timedelta(seconds=cfg["timeout"]))
-    model, opt = _model_and_opt(cfg["seed"], cfg["lr"])
+    model, opt = model_and_opt(cfg["seed"], cfg["lr"])
     x_all, y_all = tokens(cfg["n"]).tensors  # (n, T) each
     events, losses, commits = [], {}, []
     if ready is not None:

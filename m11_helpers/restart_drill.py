@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from m11_helpers.fault_tolerance import atomic_save, batch_indices, latest_checkpoint, load_checkpoint
 from m11_helpers.launch import LaunchError, launch
-from m11_helpers.live_replica import _model_and_opt, flat_state, load_flat_state, tokens
+from m11_helpers.live_replica import flat_state, load_flat_state, model_and_opt, tokens
 from m11_helpers.validate import positive_int
 
 __all__ = ["restart_drill"]
@@ -36,7 +36,7 @@ __all__ = ["restart_drill"]
 def _train(attempt: int, folder: str, steps: int, kill_rank: int, kill_at: int, every: int, global_batch: int,
            n: int, seed: int, lr: float) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
-    model, opt = _model_and_opt(seed, lr)
+    model, opt = model_and_opt(seed, lr)
     x_all, y_all = tokens(n).tensors  # (n, T) each
     step, ckpt = 0, latest_checkpoint(folder)
     if ckpt is not None:

@@ -46,7 +46,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from m11_helpers.fault_tolerance import _fsync_dir, rng_state, set_rng_state
+from m11_helpers.fault_tolerance import fsync_dir, rng_state, set_rng_state
 from m11_helpers.validate import non_negative_int, positive_int, positive_real
 
 __all__ = ["Checkpointer", "step_dir", "complete_steps", "latest_complete", "saved_world_size",
@@ -162,7 +162,7 @@ class Checkpointer:
                 if final.exists():  # the same step again (after a rollback): the new one replaces it
                     _discard(final)
                 os.replace(final.with_suffix(".tmp"), final)
-                _fsync_dir(self.folder)
+                fsync_dir(self.folder)
                 for old in set(complete_steps(self.folder)) - set(retained(complete_steps(self.folder), self.keep)):
                     _discard(step_dir(self.folder, old))
             self.last_complete = step

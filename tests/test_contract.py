@@ -282,3 +282,25 @@ def test_grading_rooms_say_who_they_serve_share_no_private_names_and_import_in_o
     bad += [f"CONTRIBUTING's grading route names {d}{f}, which is not in grading/" for d, f in sorted(named)
             if not (grading / d / f).is_file()]
     assert not bad, "\n".join(bad)
+
+
+def test_no_module_uses_another_files_private_names():
+    """A leading underscore means "this file only" (CONTRIBUTING, "Style"): no file of the package, its
+    scripts or its quizzes imports another module's private name or reads one through a module it imported.
+    Renaming it public says a second file depends on it."""
+    bad = []
+    for path in sorted(PKG.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        bound = set()  # local names that stand for an m11_helpers module
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("m11_helpers"):
+                for a in node.names:
+                    if a.name.startswith("_") and not a.name.startswith("__"):
+                        bad.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {node.module}.{a.name}")
+                    bound.add(a.asname or a.name)
+            elif isinstance(node, ast.Import):
+                bound.update(a.asname or a.name.split(".")[0] for a in node.names if a.name.startswith("m11_helpers"))
+        bad += [f"{path.relative_to(ROOT)}:{node.lineno} reads {node.value.id}.{node.attr}" for node in ast.walk(tree)
+                if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in bound
+                and node.attr.startswith("_") and not node.attr.startswith("__")]
+    assert not bad, "private names used outside their file (make them public, or keep the use inside):\n" + "\n".join(bad)

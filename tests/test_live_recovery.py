@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from m11_helpers.live_recovery import live_recovery_drill
-from m11_helpers.live_replica import _model_and_opt, flat_state, load_flat_state, train_checksum
+from m11_helpers.live_replica import flat_state, load_flat_state, model_and_opt, train_checksum
 
 
 def test_a_killed_replica_is_dropped_and_replaced_without_a_restart():
@@ -31,8 +31,8 @@ def test_a_killed_replica_is_dropped_and_replaced_without_a_restart():
 
 
 def test_flat_state_round_trips_bitwise_and_bad_arguments_are_refused():
-    model, opt = _model_and_opt(0, 1e-3)
-    other, other_opt = _model_and_opt(1, 1e-3)
+    model, opt = model_and_opt(0, 1e-3)
+    other, other_opt = model_and_opt(1, 1e-3)
     assert train_checksum(model, opt, 3) != train_checksum(other, other_opt, 3)
     assert load_flat_state(other, other_opt, flat_state(model, opt, 3)) == 3
     assert train_checksum(model, opt, 3) == train_checksum(other, other_opt, 3)
