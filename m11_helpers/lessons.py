@@ -60,7 +60,7 @@ LESSONS: tuple[Lesson, ...] = (
     _l("00_welcome", "welcome", "welcome"),
     _l("01_hardware", "hardware hardware_specs roofline compute_budget", "hardware"),
     _l("02_collectives", "collectives comm_model collectives_plots critical_path", "collectives"),
-    _l("03_data_parallel", "data_parallel ddp_overlap", "data_parallel"),
+    _l("03_data_parallel", "data_parallel ddp_overlap ddp_buckets", "data_parallel"),
     _l("04_model_parallel", "pipeline pipeline_run pipeline_comm tensor_parallel tensor_parallel_run planner overlap "
        "pipeline_zb pipeline_ticks backward_split", "pipeline tensor_parallel planner overlap pipeline_zb"),
     _l("05_zero_fsdp", "zero zero_lab zero_optimizer zero_resume fsdp live_memory fsdp_prefetch fsdp2_knobs sharded_muon "

@@ -20,6 +20,7 @@ from m11_helpers.data_parallel import (
     train_regression,
     warmup_lr,
 )
+from m11_helpers.ddp_buckets import BUCKET_INPUT, BUCKET_MODELS, ddp_bucket_assignment, ready_order
 from m11_helpers.ddp_overlap import (
     bucket_params,
     ddp_step_time,
@@ -119,11 +120,14 @@ def _ddp_runs():
         data = ddp._get_ddp_logging_data()
         logged[cap] = [[int(i) for i in b.split()] for b in data["rebuilt_per_bucket_param_indices"].split(",")]
         del ddp
-    return runs, logged
+    x = torch.randn(4, BUCKET_INPUT)
+    zoo = {(name, cap): ddp_bucket_assignment(make(), x, cap) for name, make in BUCKET_MODELS.items()
+           for cap in (None, 1)}  # models that are not a chain: the rebuilt buckets follow the ready order
+    return runs, logged, zoo
 
 
 def test_pack_buckets_and_the_timeline_match_a_real_ddp():
-    runs, logged = launch(_ddp_runs, num_processes=2, show_output=False)[0]
+    runs, logged, zoo = launch(_ddp_runs, num_processes=2, show_output=False)[0]
     nbytes = [4 * n for n in runs[None]["numels"]]
     for cap, run in runs.items():
         its = run["iterations"]
@@ -135,6 +139,17 @@ def test_pack_buckets_and_the_timeline_match_a_real_ddp():
     later = runs[0.25]["iterations"][2]
     assert later["buckets"][0][2] < max(later["grads"])  # bucket 0 starts before the last gradient is computed
     assert hidden_fraction(later) > 0 and hidden_fraction(runs[25]["iterations"][2]) < 0.1  # one bucket: nothing hides
+    for (name, cap), real in zoo.items():  # pack_buckets in the order one process's hooks saw: a real DDP's buckets
+        model = BUCKET_MODELS[name]()
+        params, ready = list(model.parameters()), ready_order(model, torch.randn(4, BUCKET_INPUT))
+        trained = [i for i, p in enumerate(params) if p.requires_grad]  # a frozen layer is in no bucket
+        local = pack_buckets([4 * params[i].numel() for i in trained], cap, order=[trained.index(i) for i in ready])
+        assert [[trained[j] for j in b] for b in local] == real, (name, cap)
+        assert all(p.grad is None for p in params)  # ready_order leaves no gradient behind
+    assert ready_order(BUCKET_MODELS["head first"](), torch.randn(2, BUCKET_INPUT))[:2] == [1, 0]  # registered first
+    assert zoo["two paths", None] == [[9, 8, 3, 2], [1, 0, 7, 6, 5, 4]]  # the branch computed last is ready first
+    assert zoo["odd widths", None] == [[5, 4, 3, 2, 1], [0]]  # 1,048,384 bytes: past 10⁶, short of 1 MiB
+    assert zoo["frozen stem", None] == [[9, 8, 7, 6], [5, 4, 3, 2]]
 
 
 # ------------------------------------------------------------------------------ training, three ways

@@ -127,3 +127,16 @@ def dp_gradient(x: torch.Tensor, y: torch.Tensor, model: torch.nn.Module) -> tor
     g = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
     dist.all_reduce(g)
     return g / dist.get_world_size()
+
+# %% 0.3 | takes the lesson's 4 ranks for the world size (right on 4 ranks, wrong on any other) | expect: never the lesson's 4
+def dp_gradient(x: torch.Tensor, y: torch.Tensor, model: torch.nn.Module) -> torch.Tensor:
+    rank, world = dist.get_rank(), 4  # the lesson's world size
+    idx = shard_indices(len(x), rank, world)
+    model.zero_grad()
+    if idx:
+        (F.mse_loss(model(x[idx]), y[idx]) * (len(idx) / len(x))).backward()
+        g = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+    else:
+        g = torch.cat([torch.zeros_like(p).reshape(-1) for p in model.parameters()])
+    dist.all_reduce(g)
+    return g

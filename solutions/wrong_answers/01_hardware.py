@@ -1,63 +1,236 @@
 """Recorded wrong answers for solutions/01_hardware.ipynb (format: m11_helpers/grading/authoring/wrong_answers.py)."""
 
 # %% 1.1 | reads the datasheet's "80 GB" as 80 × 10⁹ bytes (HBM is binary) | expect: 2**30
-def largest_model(datasheet_gb: float, mode: str, reserve: float = 0.0) -> int:
-    per_param = {"inference": 2, "training": 16}
-    if mode not in per_param:
-        raise ValueError(f"mode must be 'inference' or 'training', got {mode!r}")
-    return int(datasheet_gb * 1e9 * (1 - reserve) // per_param[mode])
+BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}  # bytes per element
 
 
-def min_gpus(params: float, datasheet_gb: float, mode: str) -> int:
-    return math.ceil(params / largest_model(datasheet_gb, mode))
+def state_bytes(weights: str, grads: str, master: str | None, moments: str) -> dict[str, int]:
+    def size(name, dtype):
+        if dtype not in BYTES:
+            raise ValueError(f"{name} must be one of {sorted(BYTES)}, got {dtype!r}")
+        return BYTES[dtype]
 
-# %% 1.1 | 12 bytes per parameter for training (only the fp32 master, momentum, variance) | expect: not 12
-def largest_model(datasheet_gb: float, mode: str, reserve: float = 0.0) -> int:
-    per_param = {"inference": 2, "training": 12}
-    if mode not in per_param:
-        raise ValueError(f"mode must be 'inference' or 'training', got {mode!r}")
-    return int(datasheet_gb * 2**30 * (1 - reserve) // per_param[mode])
+    out = {"weights": size("weights", weights), "grads": size("grads", grads),
+           "master": 0 if master is None else size("master", master),
+           "optimizer": 2 * size("moments", moments)}  # Adam keeps two moments: exp_avg, exp_avg_sq
+    return {**out, "total": sum(out.values())}
 
 
-def min_gpus(params: float, datasheet_gb: float, mode: str) -> int:
-    return math.ceil(params / largest_model(datasheet_gb, mode))
+def largest_model(datasheet_gb: float, states: dict, world: int = 1, reserve: float = 0.0) -> int:
+    memory = int(datasheet_gb * 1e9 * (1 - reserve))  # GB as on the datasheet
+    # each GPU holds ceil(P / N) elements of every state: total * ceil(P / N) <= memory <=> P <= N * (memory // total)
+    return world * (memory // states["total"])
+
+
+def min_gpus(params: int, datasheet_gb: float, states: dict, reserve: float = 0.0) -> int:
+    per_gpu = largest_model(datasheet_gb, states, 1, reserve)  # the most elements of each state one GPU holds
+    return math.ceil(params / per_gpu)  # ceil(P / N) <= per_gpu <=> N >= P / per_gpu
+
+# %% 1.1 | counts one Adam moment, not two | expect: two moments
+BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}  # bytes per element
+
+
+def state_bytes(weights: str, grads: str, master: str | None, moments: str) -> dict[str, int]:
+    def size(name, dtype):
+        if dtype not in BYTES:
+            raise ValueError(f"{name} must be one of {sorted(BYTES)}, got {dtype!r}")
+        return BYTES[dtype]
+
+    out = {"weights": size("weights", weights), "grads": size("grads", grads),
+           "master": 0 if master is None else size("master", master),
+           "optimizer": size("moments", moments)}  # the optimizer state
+    return {**out, "total": sum(out.values())}
+
+
+def largest_model(datasheet_gb: float, states: dict, world: int = 1, reserve: float = 0.0) -> int:
+    memory = int(datasheet_gb * 2**30 * (1 - reserve))  # HBM "GB" are GiB; the reserve stays free
+    # each GPU holds ceil(P / N) elements of every state: total * ceil(P / N) <= memory <=> P <= N * (memory // total)
+    return world * (memory // states["total"])
+
+
+def min_gpus(params: int, datasheet_gb: float, states: dict, reserve: float = 0.0) -> int:
+    per_gpu = largest_model(datasheet_gb, states, 1, reserve)  # the most elements of each state one GPU holds
+    return math.ceil(params / per_gpu)  # ceil(P / N) <= per_gpu <=> N >= P / per_gpu
+
+# %% 1.1 | counts an fp32 master copy even when there is none | expect: no master copy
+BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}  # bytes per element
+
+
+def state_bytes(weights: str, grads: str, master: str | None, moments: str) -> dict[str, int]:
+    def size(name, dtype):
+        if dtype not in BYTES:
+            raise ValueError(f"{name} must be one of {sorted(BYTES)}, got {dtype!r}")
+        return BYTES[dtype]
+
+    out = {"weights": size("weights", weights), "grads": size("grads", grads),
+           "master": 4 if master is None else size("master", master),
+           "optimizer": 2 * size("moments", moments)}  # Adam keeps two moments: exp_avg, exp_avg_sq
+    return {**out, "total": sum(out.values())}
+
+
+def largest_model(datasheet_gb: float, states: dict, world: int = 1, reserve: float = 0.0) -> int:
+    memory = int(datasheet_gb * 2**30 * (1 - reserve))  # HBM "GB" are GiB; the reserve stays free
+    # each GPU holds ceil(P / N) elements of every state: total * ceil(P / N) <= memory <=> P <= N * (memory // total)
+    return world * (memory // states["total"])
+
+
+def min_gpus(params: int, datasheet_gb: float, states: dict, reserve: float = 0.0) -> int:
+    per_gpu = largest_model(datasheet_gb, states, 1, reserve)  # the most elements of each state one GPU holds
+    return math.ceil(params / per_gpu)  # ceil(P / N) <= per_gpu <=> N >= P / per_gpu
+
+# %% 1.1 | inverts ⌊N·M/b⌋: forgets that each GPU holds ⌈Ψ/N⌉ (padded shards) | expect: ⌈Ψ/N⌉
+BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}  # bytes per element
+
+
+def state_bytes(weights: str, grads: str, master: str | None, moments: str) -> dict[str, int]:
+    def size(name, dtype):
+        if dtype not in BYTES:
+            raise ValueError(f"{name} must be one of {sorted(BYTES)}, got {dtype!r}")
+        return BYTES[dtype]
+
+    out = {"weights": size("weights", weights), "grads": size("grads", grads),
+           "master": 0 if master is None else size("master", master),
+           "optimizer": 2 * size("moments", moments)}  # Adam keeps two moments: exp_avg, exp_avg_sq
+    return {**out, "total": sum(out.values())}
+
+
+def largest_model(datasheet_gb: float, states: dict, world: int = 1, reserve: float = 0.0) -> int:
+    memory = int(datasheet_gb * 2**30 * (1 - reserve))  # HBM "GB" are GiB; the reserve stays free
+    # each GPU holds ceil(P / N) elements of every state: total * ceil(P / N) <= memory <=> P <= N * (memory // total)
+    return world * memory // states["total"]  # N GPUs hold N·M bytes
+
+
+def min_gpus(params: int, datasheet_gb: float, states: dict, reserve: float = 0.0) -> int:
+    per_gpu = largest_model(datasheet_gb, states, 1, reserve)  # the most elements of each state one GPU holds
+    return math.ceil(params / per_gpu)  # ceil(P / N) <= per_gpu <=> N >= P / per_gpu
+
+# %% 1.1 | the fewest GPUs from the bytes alone, ⌈Ψ·b/M⌉ (the padding needs one more) | expect: padded
+BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}  # bytes per element
+
+
+def state_bytes(weights: str, grads: str, master: str | None, moments: str) -> dict[str, int]:
+    def size(name, dtype):
+        if dtype not in BYTES:
+            raise ValueError(f"{name} must be one of {sorted(BYTES)}, got {dtype!r}")
+        return BYTES[dtype]
+
+    out = {"weights": size("weights", weights), "grads": size("grads", grads),
+           "master": 0 if master is None else size("master", master),
+           "optimizer": 2 * size("moments", moments)}  # Adam keeps two moments: exp_avg, exp_avg_sq
+    return {**out, "total": sum(out.values())}
+
+
+def largest_model(datasheet_gb: float, states: dict, world: int = 1, reserve: float = 0.0) -> int:
+    memory = int(datasheet_gb * 2**30 * (1 - reserve))  # HBM "GB" are GiB; the reserve stays free
+    # each GPU holds ceil(P / N) elements of every state: total * ceil(P / N) <= memory <=> P <= N * (memory // total)
+    return world * (memory // states["total"])
+
+
+def min_gpus(params: int, datasheet_gb: float, states: dict, reserve: float = 0.0) -> int:
+    memory = datasheet_gb * 2**30 * (1 - reserve)
+    return math.ceil(params * states["total"] / memory)  # all the bytes over one GPU's bytes
+
+# %% 1.1 | keeps the reserve for the states instead of free | expect: kept FREE
+BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}  # bytes per element
+
+
+def state_bytes(weights: str, grads: str, master: str | None, moments: str) -> dict[str, int]:
+    def size(name, dtype):
+        if dtype not in BYTES:
+            raise ValueError(f"{name} must be one of {sorted(BYTES)}, got {dtype!r}")
+        return BYTES[dtype]
+
+    out = {"weights": size("weights", weights), "grads": size("grads", grads),
+           "master": 0 if master is None else size("master", master),
+           "optimizer": 2 * size("moments", moments)}  # Adam keeps two moments: exp_avg, exp_avg_sq
+    return {**out, "total": sum(out.values())}
+
+
+def largest_model(datasheet_gb: float, states: dict, world: int = 1, reserve: float = 0.0) -> int:
+    memory = int(datasheet_gb * 2**30 * (reserve or 1.0))  # the reserved part
+    # each GPU holds ceil(P / N) elements of every state: total * ceil(P / N) <= memory <=> P <= N * (memory // total)
+    return world * (memory // states["total"])
+
+
+def min_gpus(params: int, datasheet_gb: float, states: dict, reserve: float = 0.0) -> int:
+    per_gpu = largest_model(datasheet_gb, states, 1, reserve)  # the most elements of each state one GPU holds
+    return math.ceil(params / per_gpu)  # ceil(P / N) <= per_gpu <=> N >= P / per_gpu
 
 # %% 1.1 | rounds the number of GPUs to the nearest instead of up | expect: round UP
-def largest_model(datasheet_gb: float, mode: str, reserve: float = 0.0) -> int:
-    per_param = {"inference": 2, "training": 16}
-    if mode not in per_param:
-        raise ValueError(f"mode must be 'inference' or 'training', got {mode!r}")
-    return int(datasheet_gb * 2**30 * (1 - reserve) // per_param[mode])
+BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}  # bytes per element
 
 
-def min_gpus(params: float, datasheet_gb: float, mode: str) -> int:
-    return round(params / largest_model(datasheet_gb, mode))
+def state_bytes(weights: str, grads: str, master: str | None, moments: str) -> dict[str, int]:
+    def size(name, dtype):
+        if dtype not in BYTES:
+            raise ValueError(f"{name} must be one of {sorted(BYTES)}, got {dtype!r}")
+        return BYTES[dtype]
 
-# %% 1.1 | keeps the reserve for the weights instead of free | expect: reserve
-def largest_model(datasheet_gb: float, mode: str, reserve: float = 0.0) -> int:
-    per_param = {"inference": 2, "training": 16}
-    if mode not in per_param:
-        raise ValueError(f"mode must be 'inference' or 'training', got {mode!r}")
-    usable = reserve if reserve else 1.0
-    return int(datasheet_gb * 2**30 * usable // per_param[mode])
-
-
-def min_gpus(params: float, datasheet_gb: float, mode: str) -> int:
-    return math.ceil(params / largest_model(datasheet_gb, mode))
-
-# %% 1.1 | delegates to the course's compute_budget helpers | expect: work it out yourself
-from m11_helpers import compute_budget
+    out = {"weights": size("weights", weights), "grads": size("grads", grads),
+           "master": 0 if master is None else size("master", master),
+           "optimizer": 2 * size("moments", moments)}  # Adam keeps two moments: exp_avg, exp_avg_sq
+    return {**out, "total": sum(out.values())}
 
 
-def largest_model(datasheet_gb: float, mode: str, reserve: float = 0.0) -> int:
-    per_param = {"inference": 2, "training": 16}
-    if mode not in per_param:
-        raise ValueError(f"mode must be 'inference' or 'training', got {mode!r}")
-    return compute_budget.max_params(datasheet_gb * 2**30 * (1 - reserve), per_param[mode])
+def largest_model(datasheet_gb: float, states: dict, world: int = 1, reserve: float = 0.0) -> int:
+    memory = int(datasheet_gb * 2**30 * (1 - reserve))  # HBM "GB" are GiB; the reserve stays free
+    # each GPU holds ceil(P / N) elements of every state: total * ceil(P / N) <= memory <=> P <= N * (memory // total)
+    return world * (memory // states["total"])
 
 
-def min_gpus(params: float, datasheet_gb: float, mode: str) -> int:
-    return compute_budget.min_chips(params, datasheet_gb * 2**30, {"inference": 2, "training": 16}[mode])
+def min_gpus(params: int, datasheet_gb: float, states: dict, reserve: float = 0.0) -> int:
+    per_gpu = largest_model(datasheet_gb, states, 1, reserve)  # the most elements of each state one GPU holds
+    return max(1, round(params / per_gpu))
+
+# %% 1.1 | accepts any dtype name (fp64 reads as 0 bytes) | expect: raise ValueError
+BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}  # bytes per element
+
+
+def state_bytes(weights: str, grads: str, master: str | None, moments: str) -> dict[str, int]:
+    def size(name, dtype):
+        return BYTES.get(dtype, 0)
+
+    out = {"weights": size("weights", weights), "grads": size("grads", grads),
+           "master": 0 if master is None else size("master", master),
+           "optimizer": 2 * size("moments", moments)}  # Adam keeps two moments: exp_avg, exp_avg_sq
+    return {**out, "total": sum(out.values())}
+
+
+def largest_model(datasheet_gb: float, states: dict, world: int = 1, reserve: float = 0.0) -> int:
+    memory = int(datasheet_gb * 2**30 * (1 - reserve))  # HBM "GB" are GiB; the reserve stays free
+    # each GPU holds ceil(P / N) elements of every state: total * ceil(P / N) <= memory <=> P <= N * (memory // total)
+    return world * (memory // states["total"])
+
+
+def min_gpus(params: int, datasheet_gb: float, states: dict, reserve: float = 0.0) -> int:
+    per_gpu = largest_model(datasheet_gb, states, 1, reserve)  # the most elements of each state one GPU holds
+    return math.ceil(params / per_gpu)  # ceil(P / N) <= per_gpu <=> N >= P / per_gpu
+
+# %% 1.1 | delegates to the course's compute_budget helper | expect: work it out yourself
+BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}  # bytes per element
+
+
+def state_bytes(weights: str, grads: str, master: str | None, moments: str) -> dict[str, int]:
+    def size(name, dtype):
+        if dtype not in BYTES:
+            raise ValueError(f"{name} must be one of {sorted(BYTES)}, got {dtype!r}")
+        return BYTES[dtype]
+
+    out = {"weights": size("weights", weights), "grads": size("grads", grads),
+           "master": 0 if master is None else size("master", master),
+           "optimizer": 2 * size("moments", moments)}  # Adam keeps two moments: exp_avg, exp_avg_sq
+    return {**out, "total": sum(out.values())}
+
+
+def largest_model(datasheet_gb: float, states: dict, world: int = 1, reserve: float = 0.0) -> int:
+    memory = int(datasheet_gb * 2**30 * (1 - reserve))  # HBM "GB" are GiB; the reserve stays free
+    # each GPU holds ceil(P / N) elements of every state: total * ceil(P / N) <= memory <=> P <= N * (memory // total)
+    return world * compute_budget.max_params(memory, states["total"])
+
+
+def min_gpus(params: int, datasheet_gb: float, states: dict, reserve: float = 0.0) -> int:
+    per_gpu = largest_model(datasheet_gb, states, 1, reserve)  # the most elements of each state one GPU holds
+    return math.ceil(params / per_gpu)  # ceil(P / N) <= per_gpu <=> N >= P / per_gpu
 
 # %% 1.2 | counts reading A and B but not writing C | expect: output C
 def compute_bound_tokens(k: int, n: int, bytes_per_element: int, peak_flops: float, bandwidth: float) -> int | None:

@@ -99,14 +99,59 @@ def epoch_shard(n: int, world_size: int, rank: int, epoch: int, seed: int = 0, d
             order += order[: total - len(order)]
     return order[rank::world_size]
 
-# %% 3.2 | ignores the 1 MiB first bucket | expect: first bucket holds only 1 MiB
-def ddp_buckets(nbytes: list[int], bucket_cap_mb: float | None = None) -> list[list[int]]:
-    cap = int((25 if bucket_cap_mb is None else bucket_cap_mb) * MiB)
+# %% 3.2 | assumes a chain: reverse registration order instead of the order gradients became ready | expect: READY
+def ddp_buckets(model: torch.nn.Module, x: torch.Tensor, bucket_cap_mb: float | None = None) -> list[list[int]]:
+    params = list(model.parameters())
+    ready = [i for i in reversed(range(len(params))) if params[i].requires_grad]  # backward: last layer first
+    # the 1 MiB first bucket only with the default cap (torch: _BucketCapacityConfig.create)
+    first, rest = (MiB, 25 * MiB) if bucket_cap_mb is None else (int(bucket_cap_mb * MiB),) * 2
     buckets, current, size = [], [], 0
-    for i in reversed(range(len(nbytes))):
+    for i in ready:  # rebuilt in ready order, not in registration order
         current.append(i)
-        size += nbytes[i]
-        if size >= cap:
+        size += params[i].numel() * params[i].element_size()
+        if size >= (first if not buckets else rest):  # add, then close once the limit is reached
+            buckets.append(current)
+            current, size = [], 0
+    if current:
+        buckets.append(current)
+    return buckets
+
+# %% 3.2 | parameters in forward (registration) order | expect: not the order of model.parameters()
+def ddp_buckets(model: torch.nn.Module, x: torch.Tensor, bucket_cap_mb: float | None = None) -> list[list[int]]:
+    params = list(model.parameters())
+    ready = [i for i, p in enumerate(params) if p.requires_grad]
+    # the 1 MiB first bucket only with the default cap (torch: _BucketCapacityConfig.create)
+    first, rest = (MiB, 25 * MiB) if bucket_cap_mb is None else (int(bucket_cap_mb * MiB),) * 2
+    buckets, current, size = [], [], 0
+    for i in ready:  # rebuilt in ready order, not in registration order
+        current.append(i)
+        size += params[i].numel() * params[i].element_size()
+        if size >= (first if not buckets else rest):  # add, then close once the limit is reached
+            buckets.append(current)
+            current, size = [], 0
+    if current:
+        buckets.append(current)
+    return buckets
+
+# %% 3.2 | ignores the 1 MiB first bucket | expect: first bucket holds only 1 MiB
+def ddp_buckets(model: torch.nn.Module, x: torch.Tensor, bucket_cap_mb: float | None = None) -> list[list[int]]:
+    params = list(model.parameters())
+    ready = []  # what DDP's hooks record in iteration 0: the order gradients are accumulated
+    handles = [p.register_post_accumulate_grad_hook(lambda _p, i=i: ready.append(i))
+               for i, p in enumerate(params) if p.requires_grad]  # a frozen parameter gets no gradient
+    try:
+        model(x).square().mean().backward()
+    finally:
+        for h in handles:
+            h.remove()
+        model.zero_grad(set_to_none=True)
+    # the 1 MiB first bucket only with the default cap (torch: _BucketCapacityConfig.create)
+    first = rest = int((25 if bucket_cap_mb is None else bucket_cap_mb) * MiB)
+    buckets, current, size = [], [], 0
+    for i in ready:  # rebuilt in ready order, not in registration order
+        current.append(i)
+        size += params[i].numel() * params[i].element_size()
+        if size >= (first if not buckets else rest):  # add, then close once the limit is reached
             buckets.append(current)
             current, size = [], 0
     if current:
@@ -114,41 +159,24 @@ def ddp_buckets(nbytes: list[int], bucket_cap_mb: float | None = None) -> list[l
     return buckets
 
 # %% 3.2 | a 1 MiB first bucket even with an explicit bucket_cap_mb | expect: only when bucket_cap_mb is left at its default
-def ddp_buckets(nbytes: list[int], bucket_cap_mb: float | None = None) -> list[list[int]]:
+def ddp_buckets(model: torch.nn.Module, x: torch.Tensor, bucket_cap_mb: float | None = None) -> list[list[int]]:
+    params = list(model.parameters())
+    ready = []  # what DDP's hooks record in iteration 0: the order gradients are accumulated
+    handles = [p.register_post_accumulate_grad_hook(lambda _p, i=i: ready.append(i))
+               for i, p in enumerate(params) if p.requires_grad]  # a frozen parameter gets no gradient
+    try:
+        model(x).square().mean().backward()
+    finally:
+        for h in handles:
+            h.remove()
+        model.zero_grad(set_to_none=True)
+    # the 1 MiB first bucket only with the default cap (torch: _BucketCapacityConfig.create)
     first, rest = MiB, int((25 if bucket_cap_mb is None else bucket_cap_mb) * MiB)
     buckets, current, size = [], [], 0
-    for i in reversed(range(len(nbytes))):
+    for i in ready:  # rebuilt in ready order, not in registration order
         current.append(i)
-        size += nbytes[i]
-        if size >= (first if not buckets else rest):
-            buckets.append(current)
-            current, size = [], 0
-    if current:
-        buckets.append(current)
-    return buckets
-
-# %% 3.2 | keeps every bucket under the cap (closes before adding) | expect: they do not stay under it
-def ddp_buckets(nbytes: list[int], bucket_cap_mb: float | None = None) -> list[list[int]]:
-    first, rest = (MiB, 25 * MiB) if bucket_cap_mb is None else (int(bucket_cap_mb * MiB),) * 2
-    buckets, current, size = [], [], 0
-    for i in reversed(range(len(nbytes))):
-        if current and size + nbytes[i] > (first if not buckets else rest):
-            buckets.append(current)
-            current, size = [], 0
-        current.append(i)
-        size += nbytes[i]
-    if current:
-        buckets.append(current)
-    return buckets
-
-# %% 3.2 | parameters in forward order | expect: reverse parameter order
-def ddp_buckets(nbytes: list[int], bucket_cap_mb: float | None = None) -> list[list[int]]:
-    first, rest = (MiB, 25 * MiB) if bucket_cap_mb is None else (int(bucket_cap_mb * MiB),) * 2
-    buckets, current, size = [], [], 0
-    for i in range(len(nbytes)):
-        current.append(i)
-        size += nbytes[i]
-        if size >= (first if not buckets else rest):
+        size += params[i].numel() * params[i].element_size()
+        if size >= (first if not buckets else rest):  # add, then close once the limit is reached
             buckets.append(current)
             current, size = [], 0
     if current:
@@ -156,22 +184,121 @@ def ddp_buckets(nbytes: list[int], bucket_cap_mb: float | None = None) -> list[l
     return buckets
 
 # %% 3.2 | counts bucket_cap_mb in 10⁶ bytes | expect: counts MiB
-def ddp_buckets(nbytes: list[int], bucket_cap_mb: float | None = None) -> list[list[int]]:
+def ddp_buckets(model: torch.nn.Module, x: torch.Tensor, bucket_cap_mb: float | None = None) -> list[list[int]]:
+    params = list(model.parameters())
+    ready = []  # what DDP's hooks record in iteration 0: the order gradients are accumulated
+    handles = [p.register_post_accumulate_grad_hook(lambda _p, i=i: ready.append(i))
+               for i, p in enumerate(params) if p.requires_grad]  # a frozen parameter gets no gradient
+    try:
+        model(x).square().mean().backward()
+    finally:
+        for h in handles:
+            h.remove()
+        model.zero_grad(set_to_none=True)
+    # the 1 MiB first bucket only with the default cap (torch: _BucketCapacityConfig.create)
     first, rest = (10**6, 25 * 10**6) if bucket_cap_mb is None else (int(bucket_cap_mb * 10**6),) * 2
     buckets, current, size = [], [], 0
-    for i in reversed(range(len(nbytes))):
+    for i in ready:  # rebuilt in ready order, not in registration order
         current.append(i)
-        size += nbytes[i]
-        if size >= (first if not buckets else rest):
+        size += params[i].numel() * params[i].element_size()
+        if size >= (first if not buckets else rest):  # add, then close once the limit is reached
             buckets.append(current)
             current, size = [], 0
     if current:
         buckets.append(current)
     return buckets
 
-# %% 3.2 | delegates to the lesson's pack_buckets | expect: yourself
-def ddp_buckets(nbytes: list[int], bucket_cap_mb: float | None = None) -> list[list[int]]:
-    return pack_buckets(nbytes, bucket_cap_mb)
+# %% 3.2 | sizes in elements, not bytes | expect: numel × element_size
+def ddp_buckets(model: torch.nn.Module, x: torch.Tensor, bucket_cap_mb: float | None = None) -> list[list[int]]:
+    params = list(model.parameters())
+    ready = []  # what DDP's hooks record in iteration 0: the order gradients are accumulated
+    handles = [p.register_post_accumulate_grad_hook(lambda _p, i=i: ready.append(i))
+               for i, p in enumerate(params) if p.requires_grad]  # a frozen parameter gets no gradient
+    try:
+        model(x).square().mean().backward()
+    finally:
+        for h in handles:
+            h.remove()
+        model.zero_grad(set_to_none=True)
+    # the 1 MiB first bucket only with the default cap (torch: _BucketCapacityConfig.create)
+    first, rest = (MiB, 25 * MiB) if bucket_cap_mb is None else (int(bucket_cap_mb * MiB),) * 2
+    buckets, current, size = [], [], 0
+    for i in ready:  # rebuilt in ready order, not in registration order
+        current.append(i)
+        size += params[i].numel()
+        if size >= (first if not buckets else rest):  # add, then close once the limit is reached
+            buckets.append(current)
+            current, size = [], 0
+    if current:
+        buckets.append(current)
+    return buckets
+
+# %% 3.2 | keeps every bucket under the cap (closes before adding) | expect: they do not stay under it
+def ddp_buckets(model: torch.nn.Module, x: torch.Tensor, bucket_cap_mb: float | None = None) -> list[list[int]]:
+    params = list(model.parameters())
+    ready = []  # what DDP's hooks record in iteration 0: the order gradients are accumulated
+    handles = [p.register_post_accumulate_grad_hook(lambda _p, i=i: ready.append(i))
+               for i, p in enumerate(params) if p.requires_grad]  # a frozen parameter gets no gradient
+    try:
+        model(x).square().mean().backward()
+    finally:
+        for h in handles:
+            h.remove()
+        model.zero_grad(set_to_none=True)
+    # the 1 MiB first bucket only with the default cap (torch: _BucketCapacityConfig.create)
+    first, rest = (MiB, 25 * MiB) if bucket_cap_mb is None else (int(bucket_cap_mb * MiB),) * 2
+    buckets, current, size = [], [], 0
+    for i in ready:  # rebuilt in ready order, not in registration order
+        nbytes = params[i].numel() * params[i].element_size()
+        if current and size + nbytes > (first if not buckets else rest):  # would overflow: close first
+            buckets.append(current)
+            current, size = [], 0
+        current.append(i)
+        size += nbytes
+    if current:
+        buckets.append(current)
+    return buckets
+
+# %% 3.2 | leaves its backward's gradients in the model | expect: set_to_none
+def ddp_buckets(model: torch.nn.Module, x: torch.Tensor, bucket_cap_mb: float | None = None) -> list[list[int]]:
+    params = list(model.parameters())
+    ready = []  # what DDP's hooks record in iteration 0: the order gradients are accumulated
+    handles = [p.register_post_accumulate_grad_hook(lambda _p, i=i: ready.append(i))
+               for i, p in enumerate(params) if p.requires_grad]  # a frozen parameter gets no gradient
+    try:
+        model(x).square().mean().backward()
+    finally:
+        for h in handles:
+            h.remove()
+    # the 1 MiB first bucket only with the default cap (torch: _BucketCapacityConfig.create)
+    first, rest = (MiB, 25 * MiB) if bucket_cap_mb is None else (int(bucket_cap_mb * MiB),) * 2
+    buckets, current, size = [], [], 0
+    for i in ready:  # rebuilt in ready order, not in registration order
+        current.append(i)
+        size += params[i].numel() * params[i].element_size()
+        if size >= (first if not buckets else rest):  # add, then close once the limit is reached
+            buckets.append(current)
+            current, size = [], 0
+    if current:
+        buckets.append(current)
+    return buckets
+
+# %% 3.2 | delegates to the lesson's pack_buckets and ready_order | expect: yourself
+def ddp_buckets(model: torch.nn.Module, x: torch.Tensor, bucket_cap_mb: float | None = None) -> list[list[int]]:
+    params = list(model.parameters())
+    ready = ready_order(model, x)
+    # the 1 MiB first bucket only with the default cap (torch: _BucketCapacityConfig.create)
+    first, rest = (MiB, 25 * MiB) if bucket_cap_mb is None else (int(bucket_cap_mb * MiB),) * 2
+    buckets, current, size = [], [], 0
+    for i in ready:  # rebuilt in ready order, not in registration order
+        current.append(i)
+        size += params[i].numel() * params[i].element_size()
+        if size >= (first if not buckets else rest):  # add, then close once the limit is reached
+            buckets.append(current)
+            current, size = [], 0
+    if current:
+        buckets.append(current)
+    return buckets
 
 # %% 3.3 | all-reduces every bucket after backward (no overlap) | expect: started after backward, nothing overlaps
 class OverlappedGradSync:

@@ -77,6 +77,150 @@ def zigzag_unshard(parts):
     from m11_helpers.context_parallel import unshard_sequence
     return unshard_sequence(parts, layout="zigzag")
 
+# %% 12.1 | attention: the gathered keys taken for the sequence in order (their positions 0..T-1) | expect: global positions
+def zigzag_shard(x: torch.Tensor, rank: int, world: int) -> torch.Tensor:
+    if x.shape[-2] % (2 * world):  # torch.chunk would hand out unequal chunks (or fewer than 2N)
+        raise ValueError(f"the sequence length (x.shape[-2] = {x.shape[-2]}) must be a multiple of 2 * world = "
+                         f"{2 * world}")
+    parts = x.chunk(2 * world, dim=-2)  # 2N chunks along the sequence
+    return torch.cat([parts[rank], parts[2 * world - 1 - rank]], dim=-2)  # (B, H, T/N, D)
+
+
+def zigzag_unshard(parts: list) -> torch.Tensor:
+    halves = [p.chunk(2, dim=-2) for p in parts]  # rank r: (chunk r, chunk 2N-1-r)
+    first = [h[0] for h in halves]  # chunks 0 .. N-1: rank order
+    second = [h[1] for h in reversed(halves)]  # chunks N .. 2N-1: reverse rank order
+    return torch.cat(first + second, dim=-2)  # (B, H, T, D)
+
+
+def zigzag_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    ks, vs = [torch.empty_like(k) for _ in range(world)], [torch.empty_like(v) for _ in range(world)]
+    dist.all_gather(ks, k.contiguous())
+    dist.all_gather(vs, v.contiguous())
+    T = world * q.shape[-2]
+    pos = torch.arange(T, device=q.device).view(T, 1)  # (T, 1): each token's global position
+    q_pos = zigzag_shard(pos, rank, world).view(-1)  # (T/N,): where my queries sit
+    k_pos = pos.view(-1)  # (T,): the keys, 0..T-1
+    s = q @ torch.cat(ks, dim=-2).transpose(-2, -1) * q.shape[-1] ** -0.5  # (B, H, T/N, T): my queries only
+    s = s.masked_fill(k_pos.view(1, -1) > q_pos.view(-1, 1), float("-inf"))  # a key after its query is masked
+    return torch.softmax(s, dim=-1) @ torch.cat(vs, dim=-2)  # (B, H, T/N, D)
+
+# %% 12.1 | attention: queries masked as if the rank held one contiguous chunk | expect: global positions
+def zigzag_shard(x: torch.Tensor, rank: int, world: int) -> torch.Tensor:
+    if x.shape[-2] % (2 * world):  # torch.chunk would hand out unequal chunks (or fewer than 2N)
+        raise ValueError(f"the sequence length (x.shape[-2] = {x.shape[-2]}) must be a multiple of 2 * world = "
+                         f"{2 * world}")
+    parts = x.chunk(2 * world, dim=-2)  # 2N chunks along the sequence
+    return torch.cat([parts[rank], parts[2 * world - 1 - rank]], dim=-2)  # (B, H, T/N, D)
+
+
+def zigzag_unshard(parts: list) -> torch.Tensor:
+    halves = [p.chunk(2, dim=-2) for p in parts]  # rank r: (chunk r, chunk 2N-1-r)
+    first = [h[0] for h in halves]  # chunks 0 .. N-1: rank order
+    second = [h[1] for h in reversed(halves)]  # chunks N .. 2N-1: reverse rank order
+    return torch.cat(first + second, dim=-2)  # (B, H, T, D)
+
+
+def zigzag_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    ks, vs = [torch.empty_like(k) for _ in range(world)], [torch.empty_like(v) for _ in range(world)]
+    dist.all_gather(ks, k.contiguous())
+    dist.all_gather(vs, v.contiguous())
+    T = world * q.shape[-2]
+    pos = torch.arange(T, device=q.device).view(T, 1)  # (T, 1): each token's global position
+    q_pos = rank * q.shape[-2] + torch.arange(q.shape[-2], device=q.device)  # (T/N,): my queries
+    k_pos = torch.cat([zigzag_shard(pos, r, world) for r in range(world)]).view(-1)  # (T,): the gathered keys
+    s = q @ torch.cat(ks, dim=-2).transpose(-2, -1) * q.shape[-1] ** -0.5  # (B, H, T/N, T): my queries only
+    s = s.masked_fill(k_pos.view(1, -1) > q_pos.view(-1, 1), float("-inf"))  # a key after its query is masked
+    return torch.softmax(s, dim=-1) @ torch.cat(vs, dim=-2)  # (B, H, T/N, D)
+
+# %% 12.1 | attention: gathers Q too, computes all T rows and keeps its own (right numbers, N times the work) | expect: N times the work
+def zigzag_shard(x: torch.Tensor, rank: int, world: int) -> torch.Tensor:
+    if x.shape[-2] % (2 * world):  # torch.chunk would hand out unequal chunks (or fewer than 2N)
+        raise ValueError(f"the sequence length (x.shape[-2] = {x.shape[-2]}) must be a multiple of 2 * world = "
+                         f"{2 * world}")
+    parts = x.chunk(2 * world, dim=-2)  # 2N chunks along the sequence
+    return torch.cat([parts[rank], parts[2 * world - 1 - rank]], dim=-2)  # (B, H, T/N, D)
+
+
+def zigzag_unshard(parts: list) -> torch.Tensor:
+    halves = [p.chunk(2, dim=-2) for p in parts]  # rank r: (chunk r, chunk 2N-1-r)
+    first = [h[0] for h in halves]  # chunks 0 .. N-1: rank order
+    second = [h[1] for h in reversed(halves)]  # chunks N .. 2N-1: reverse rank order
+    return torch.cat(first + second, dim=-2)  # (B, H, T, D)
+
+
+def zigzag_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    ks, vs = [torch.empty_like(k) for _ in range(world)], [torch.empty_like(v) for _ in range(world)]
+    dist.all_gather(ks, k.contiguous())
+    dist.all_gather(vs, v.contiguous())
+    T = world * q.shape[-2]
+    pos = torch.arange(T, device=q.device).view(T, 1)  # (T, 1): each token's global position
+    k_pos = torch.cat([zigzag_shard(pos, r, world) for r in range(world)]).view(-1)  # (T,): the gathered keys
+    qs = [torch.empty_like(q) for _ in range(world)]
+    dist.all_gather(qs, q.contiguous())
+    s = torch.cat(qs, dim=-2) @ torch.cat(ks, dim=-2).transpose(-2, -1) * q.shape[-1] ** -0.5  # (B, H, T, T)
+    s = s.masked_fill(k_pos.view(1, -1) > k_pos.view(-1, 1), float("-inf"))
+    out = torch.softmax(s, dim=-1) @ torch.cat(vs, dim=-2)  # (B, H, T, D): every query
+    return out.chunk(world, dim=-2)[rank]  # my rows: rank r gathered its queries r-th
+
+# %% 12.1 | attention for the lesson's 4 ranks (right on 4, wrong on any other number) | expect: 3 ranks
+def zigzag_shard(x: torch.Tensor, rank: int, world: int) -> torch.Tensor:
+    if x.shape[-2] % (2 * world):  # torch.chunk would hand out unequal chunks (or fewer than 2N)
+        raise ValueError(f"the sequence length (x.shape[-2] = {x.shape[-2]}) must be a multiple of 2 * world = "
+                         f"{2 * world}")
+    parts = x.chunk(2 * world, dim=-2)  # 2N chunks along the sequence
+    return torch.cat([parts[rank], parts[2 * world - 1 - rank]], dim=-2)  # (B, H, T/N, D)
+
+
+def zigzag_unshard(parts: list) -> torch.Tensor:
+    halves = [p.chunk(2, dim=-2) for p in parts]  # rank r: (chunk r, chunk 2N-1-r)
+    first = [h[0] for h in halves]  # chunks 0 .. N-1: rank order
+    second = [h[1] for h in reversed(halves)]  # chunks N .. 2N-1: reverse rank order
+    return torch.cat(first + second, dim=-2)  # (B, H, T, D)
+
+
+def zigzag_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    rank, world = dist.get_rank(), 4  # the lesson's 4 ranks
+    ks, vs = [torch.empty_like(k) for _ in range(world)], [torch.empty_like(v) for _ in range(world)]
+    dist.all_gather(ks, k.contiguous())
+    dist.all_gather(vs, v.contiguous())
+    T = world * q.shape[-2]
+    pos = torch.arange(T, device=q.device).view(T, 1)  # (T, 1): each token's global position
+    q_pos = zigzag_shard(pos, rank, world).view(-1)  # (T/N,): where my queries sit
+    k_pos = torch.cat([zigzag_shard(pos, r, world) for r in range(world)]).view(-1)  # (T,): the gathered keys
+    s = q @ torch.cat(ks, dim=-2).transpose(-2, -1) * q.shape[-1] ** -0.5  # (B, H, T/N, T): my queries only
+    s = s.masked_fill(k_pos.view(1, -1) > q_pos.view(-1, 1), float("-inf"))  # a key after its query is masked
+    return torch.softmax(s, dim=-1) @ torch.cat(vs, dim=-2)  # (B, H, T/N, D)
+
+# %% 12.1 | no check of the length: torch.chunk hands out unequal chunks | expect: raise ValueError
+def zigzag_shard(x: torch.Tensor, rank: int, world: int) -> torch.Tensor:
+    parts = x.chunk(2 * world, dim=-2)  # 2N chunks along the sequence
+    return torch.cat([parts[rank], parts[2 * world - 1 - rank]], dim=-2)  # (B, H, T/N, D)
+
+
+def zigzag_unshard(parts: list) -> torch.Tensor:
+    halves = [p.chunk(2, dim=-2) for p in parts]  # rank r: (chunk r, chunk 2N-1-r)
+    first = [h[0] for h in halves]  # chunks 0 .. N-1: rank order
+    second = [h[1] for h in reversed(halves)]  # chunks N .. 2N-1: reverse rank order
+    return torch.cat(first + second, dim=-2)  # (B, H, T, D)
+
+
+def zigzag_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    ks, vs = [torch.empty_like(k) for _ in range(world)], [torch.empty_like(v) for _ in range(world)]
+    dist.all_gather(ks, k.contiguous())
+    dist.all_gather(vs, v.contiguous())
+    T = world * q.shape[-2]
+    pos = torch.arange(T, device=q.device).view(T, 1)  # (T, 1): each token's global position
+    q_pos = zigzag_shard(pos, rank, world).view(-1)  # (T/N,): where my queries sit
+    k_pos = torch.cat([zigzag_shard(pos, r, world) for r in range(world)]).view(-1)  # (T,): the gathered keys
+    s = q @ torch.cat(ks, dim=-2).transpose(-2, -1) * q.shape[-1] ** -0.5  # (B, H, T/N, T): my queries only
+    s = s.masked_fill(k_pos.view(1, -1) > q_pos.view(-1, 1), float("-inf"))  # a key after its query is masked
+    return torch.softmax(s, dim=-1) @ torch.cat(vs, dim=-2)  # (B, H, T/N, D)
+
 # %% 12.2 | g's backward keeps the local chunk of the gradient, without summing over ranks | expect: reduce-scatter
 class GatherSeq(torch.autograd.Function):
     @staticmethod
