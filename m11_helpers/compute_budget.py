@@ -75,13 +75,15 @@ def model_flops_per_token(model: float | TransformerConfig, layers: int = 0, att
 
 
 def hardware_flops_per_token(model: float | TransformerConfig, layers: int = 0, attn_width: int = 0,
-                             seq_len: int = 0, recompute: str = "none") -> float:
+                             seq_len: int = 0, recompute: str = "none", share: float = 1.0) -> float:
     """Model FLOPs + what recomputation re-runs: full +(2N + 4·L·H·Q·T) (one more forward), selective +4·L·H·Q·T
-    (attention's core only; Korthikanti et al. 2022, §5). Narayanan et al. 2021 (§5.1) count the full case."""
+    (attention's core only; Korthikanti et al. 2022, §5). Narayanan et al. 2021 (§5.1) count the full case.
+    `share`: the fraction of layers recomputed (every K-th block: ⌈L/K⌉/L), which scales the extra."""
     one_of("recompute", recompute, RECOMPUTE)
+    fraction("share", share)
     n, l_, hq, t = _shape(model, layers, attn_width, seq_len)
     extra = {"none": 0.0, "selective": 4 * l_ * hq * t, "full": 2 * n + 4 * l_ * hq * t}[recompute]
-    return model_flops_per_token(model, layers, attn_width, seq_len) + extra
+    return model_flops_per_token(model, layers, attn_width, seq_len) + share * extra
 
 
 def attention_share(model: float | TransformerConfig, layers: int = 0, attn_width: int = 0, seq_len: int = 0) -> float:
@@ -105,9 +107,9 @@ def model_flops_utilization(tokens_per_second: float, model: float | Transformer
 
 def hardware_flops_utilization(tokens_per_second: float, model: float | TransformerConfig, chips: int,
                                peak_flops: float, *, recompute: str = "none", layers: int = 0, attn_width: int = 0,
-                               seq_len: int = 0) -> float:
+                               seq_len: int = 0, share: float = 1.0) -> float:
     """HFU = hardware FLOPs per token (recomputation counted) · (tokens/s) / (chips · peak) (PaLM, Appendix B)."""
-    return (hardware_flops_per_token(model, layers, attn_width, seq_len, recompute)
+    return (hardware_flops_per_token(model, layers, attn_width, seq_len, recompute, share)
             * _rate(tokens_per_second, chips, peak_flops))
 
 

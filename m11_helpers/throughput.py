@@ -63,10 +63,10 @@ def device_peak(device: torch.device, dtype: str = "bf16", *, matmul_n: int = 51
 
 
 def step_throughput(tokens: int, seconds: float, model: int | TransformerConfig, world_size: int, peak_flops: float,
-                    recompute: str = "none") -> dict:
+                    recompute: str = "none", share: float = 1.0) -> dict:
     """{"tokens_per_s", "mfu", "hfu"} of one optimizer step: model FLOPs (a config: attention included) and hardware
-    FLOPs (+ what `recompute` re-runs) per token × tokens/s over world_size · peak (PaLM, App. B)."""
+    FLOPs (+ what `recompute` re-runs in `share` of the layers) per token × tokens/s over world_size · peak (PaLM, App. B)."""
     positive_int("tokens", tokens)
     tps = tokens / positive_real("seconds", seconds)
     return {"tokens_per_s": tps, "mfu": model_flops_utilization(tps, model, world_size, peak_flops),
-            "hfu": hardware_flops_utilization(tps, model, world_size, peak_flops, recompute=recompute)}
+            "hfu": hardware_flops_utilization(tps, model, world_size, peak_flops, recompute=recompute, share=share)}

@@ -227,6 +227,10 @@ def test_throughput_and_peak_labels():
     g = step_throughput(512, 0.5, TINY_GPT, 2, 1e9, recompute="full")  # a config: attention counted, 8N with --ac
     n, attn = param_count(TINY_GPT), 12 * TINY_GPT.layers * TINY_GPT.hidden * TINY_GPT.seq_len
     assert g["mfu"] == pytest.approx((6 * n + attn) * 1024 / 2e9) and g["hfu"] == pytest.approx(g["mfu"] * 4 / 3)
+    half = step_throughput(512, 0.5, TINY_GPT, 2, 1e9, recompute="full", share=0.5)  # --ac-every 2: half the blocks
+    assert half["hfu"] == pytest.approx((g["mfu"] + g["hfu"]) / 2) and half["mfu"] == g["mfu"]
+    with pytest.raises(ValueError, match="share"):
+        step_throughput(512, 0.5, TINY_GPT, 2, 1e9, recompute="full", share=1.5)
     with pytest.raises(ValueError, match="dtype"):
         device_peak(torch.device("cpu"), "fp8")
 

@@ -260,7 +260,8 @@ def main(argv=None, observer=None) -> dict:
         progress.update(step=step + 1, cursor=batch + 1)
         synchronize()  # the step's kernels have finished (a no-op on CPU)
         seconds = time.perf_counter() - t0
-        rate = step_throughput(args.batch * T, seconds, TINY_GPT, world, peak, "full" if args.ac else "none")
+        rate = step_throughput(args.batch * T, seconds, TINY_GPT, world, peak, "full" if args.ac else "none",
+                               share=len(range(0, TINY_GPT.layers, args.ac_every)) / TINY_GPT.layers)
         record = {"step": step, "batch": batch, "loss": loss, "grad_norm": grad_norm, "lr": lr, "seconds": seconds,
                   **rate}
         history.append(record)
