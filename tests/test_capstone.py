@@ -196,8 +196,8 @@ def test_measured_levers_run_each_configuration_once_and_hold_the_plan(monkeypat
     assert measured_levers([Flags(accum=4)], 3, 16) == {}  # 16 rows do not split into 3 × 4: not run
 
 
-def test_the_command_is_read_as_accelerate_reads_it_and_functions_cross_processes_by_value(tmp_path):
-    from m11_helpers.capstone_command import capstone_flags, freeze, read_command, thaw
+def test_the_command_is_read_as_accelerate_reads_it_and_functions_cross_processes_by_value(tmp_path, monkeypatch):
+    from m11_helpers.capstone_command import REFERENCE_ENV, capstone_flags, freeze, read_command, run_command, thaw
 
     config = tmp_path / "c.yaml"
     config.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\nnum_processes: 4\n"
@@ -225,6 +225,12 @@ def test_the_command_is_read_as_accelerate_reads_it_and_functions_cross_processe
     exec(code, cell)  # a function defined in a notebook's __main__: pickle alone would look it up by name
     thawed = thaw(freeze({"f": cell["f"], "n": 1}, tmp_path / "run.pkl"))
     assert thawed["f"](5) == [30] and thawed["n"] == 1 and thawed["f"].__globals__["math"] is math
+    seen = []  # what run_command hands launch_script (the real launch: exercise 11.3's check, tests/test_wrong_answers)
+    monkeypatch.setattr("m11_helpers.launch.launch_script", lambda *a, **k: seen.append((a, k)))
+    run_command(["accelerate", "launch", "--config_file", config, *script], reference=["--steps", 1], env={"A": "1"})
+    (args, kw), = seen
+    assert args[1:] == tuple(script[1:]) and (kw["num_processes"], kw["launcher_flags"]) == (4, cmd.launcher)
+    assert kw["env"] == {"A": "1", REFERENCE_ENV: "--steps 1"}  # scripts/capstone.py trains the script's pieces first
 
 
 def test_dropout_draws_masks_only_when_asked():
