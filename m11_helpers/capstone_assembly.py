@@ -2,22 +2,24 @@
 
     got = launch(build_trial, my_build, [argv], num_processes=2)        # exercise 11.2: the build, counted
     ref = reference_build([argv], 2)                                     # the script's pieces, same trial (cached)
+    got = paired_launch(build_trial, my_build, [argv], reference=[argv], num_processes=2)  # both, one fork
     got = launch(capstone_trial, my_build, my_step, my_loop, argv, folder, signal_at=0, num_processes=2)
     run_phase(my_build, my_step, my_loop, argv, folder, signal_at=0)    # in each process of scripts/capstone.py
     held = measured_levers(FLAG_GRID, 2, 16)    # {str(flags): {"held", "comm_elements", ...}}: real runs (cached)
 
 `build_trial` runs a few optimizer steps of the script's step (`capstone_build.reference_step`) in the
 pieces `build(args, device, world)` returns, with the lesson's counters (`capstone_measure.Counters`:
-bytes held per kind, activations of one micro-batch, elements moved per step, each block's forwards)
-and returns rank 0's weights in full; `reference_build` is the same trial on the script's own pieces,
-so the two differ only in the build. `run_phase` is one start of the learner's loop on fresh objects,
-with a real SIGTERM to one rank in the middle of a step; `capstone_trial` is the assembled run: a
-start interrupted that way, the same objects then stepped on in memory to the end (the run as if
-never stopped), and a restart on fresh objects (only the files survive), which must end there bit for
-bit. `measured_levers` runs the script's pieces and step once per lever configuration (one step,
-counted) and keeps what each held: the sweep the lever choice of exercise 11.4 is judged against, not
-the planner's output. The caches live in the calling process (a notebook's kernel): each configuration
-is launched once per kernel. Lesson 11.
+bytes held per kind, activations of one micro-batch, elements moved per step, each block's forwards) and
+returns rank 0's weights in full; `reference_build` is the same trial on the script's own pieces, so the
+two differ only in the build; `paired_launch` runs a trial of the learner's with the script's
+first in the same forked ranks (once per kernel), before any of the learner's code. `run_phase` is one
+start of the learner's loop on fresh objects, with a real SIGTERM to one rank in the middle of a step;
+`capstone_trial` is the assembled run: a start interrupted that way, the same objects then stepped on in
+memory to the end (the run as if never stopped), and a restart on fresh objects (only the files
+survive), which must end there bit for bit. `measured_levers` runs the script's pieces and step once per
+lever configuration (one step, counted) and keeps what each held: the sweep the lever choice of exercise
+11.4 is judged against, not the planner's output. The caches live in the calling process (a notebook's
+kernel): each configuration is launched once per kernel. Lesson 11.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import torch.distributed as dist
 from m11_helpers.capstone_build import CapstoneRun, reference_step
 from m11_helpers.sharded_checkpoint import complete_steps, weights_checksum
 
-__all__ = ["build_trial", "reference_build", "capstone_trial", "run_phase", "forbid_reference_loop",
+__all__ = ["build_trial", "reference_build", "paired_launch", "capstone_trial", "run_phase", "forbid_reference_loop",
            "measured_levers", "HELD"]
 
 HELD = ("parameters", "gradients", "optimizer", "activations")  # what a rank holds at its peak, by kind
@@ -87,15 +89,39 @@ def build_trial(build: Callable | None, cases: list[list], watch: Callable = con
     return out
 
 
+def _key(cases: list[list], world_size: int) -> tuple:
+    return tuple(tuple(str(a) for a in argv) for argv in cases), world_size
+
+
 def reference_build(cases: list[list], world_size: int) -> list[list[dict]]:
     """`build_trial` of the script's own pieces on `world_size` CPU ranks, launched once per kernel per argv."""
     from m11_helpers.launch import launch
 
-    key = (tuple(tuple(str(a) for a in argv) for argv in cases), world_size)
+    key = _key(cases, world_size)
     if key not in _BUILDS:
         _BUILDS[key] = launch(build_trial, None, cases, num_processes=world_size, device="cpu", timeout=240,
                               show_output=False)
     return _BUILDS[key]
+
+
+def _reference_first(fn: Callable, cases: list[list] | None, *args, **kwargs) -> tuple:
+    """On each rank: the script's pieces' `build_trial` of `cases` (None: none) before anything else runs here, then
+    `fn(*args, **kwargs)`."""
+    return (build_trial(None, cases) if cases else None), fn(*args, **kwargs)
+
+
+def paired_launch(fn: Callable, *args, reference: list[list], num_processes: int, **kwargs) -> list:
+    """`launch(fn, *args, num_processes=n, device="cpu", **kwargs)`; its ranks first run `reference_build(reference,
+    n)`'s trial when this kernel has not (then cached): one fork pays each rank's first-call costs once (FSDP2's
+    lazy init, DTensor's sharding caches: about half a trial's CPU, 0.45 of 0.89 s per rank, measured)."""
+    from m11_helpers.launch import launch
+
+    key = _key(reference, num_processes)
+    todo = None if key in _BUILDS else reference
+    got = launch(_reference_first, fn, todo, *args, num_processes=num_processes, device="cpu", **kwargs)
+    if todo is not None and all(r[0] is not None for r in got):
+        _BUILDS[key] = [r[0] for r in got]
+    return [r[1] for r in got]
 
 
 def _script_loop_forbidden(*args, **kwargs):

@@ -4,6 +4,7 @@
     cmd.processes, cmd.one_process_why, cmd.script, cmd.flags     # 4, "" (or why it starts ONE), "capstone.py", [...]
     freeze({"build": build_run, ...}, path)   # a notebook's functions into a file the ranks can load
     run = run_command(argv)      # launch_script with the caller's own launcher flags: real processes, report()s back
+    run_command(argv, reference=["--steps", 1]).results[r]["reference_losses"]   # + the script's own, same ranks
 
 `accelerate launch` takes its settings from its flags and from the config file `--config_file`
 names (a flag wins over the file); what it starts follows from them: `--cpu` (or `use_cpu: true`)
@@ -28,7 +29,9 @@ import sys
 import types
 from pathlib import Path
 
-__all__ = ["Command", "read_command", "capstone_flags", "freeze", "thaw", "run_command"]
+__all__ = ["Command", "read_command", "capstone_flags", "freeze", "thaw", "run_command", "REFERENCE_ENV"]
+
+REFERENCE_ENV = "M11_CAPSTONE_REFERENCE"  # scripts/capstone.py: flags for the script's own pieces, trained first
 
 
 @dataclasses.dataclass
@@ -146,11 +149,15 @@ def thaw(path: str | Path) -> dict:
         return pickle.load(f)
 
 
-def run_command(argv: list, timeout: float = 150.0, **kwargs):
-    """Run `argv` for real: its own launcher flags and script arguments under `launch_script` (CPU ranks here)."""
+def run_command(argv: list, timeout: float = 150.0, reference: list | None = None, **kwargs):
+    """Run `argv` for real: its own launcher flags and script arguments under `launch_script` (CPU ranks here).
+    `reference`: flags appended to the run's, with which every process of scripts/capstone.py first trains the
+    script's own pieces and reports their losses (`reference_losses`): a check's reference on the same ranks."""
     from m11_helpers.launch import launch_script
     from m11_helpers.resources import script_path
 
+    if reference is not None:
+        kwargs["env"] = {**kwargs.get("env", {}), REFERENCE_ENV: shlex.join(str(f) for f in reference)}
     cmd = read_command(argv)
     if cmd.one_process_why:
         raise ValueError(f"argv starts ONE process: {cmd.one_process_why}")

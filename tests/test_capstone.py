@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from m11_helpers.activations import activation_bytes
-from m11_helpers.capstone_assembly import build_trial, capstone_trial, measured_levers
+from m11_helpers.capstone_assembly import build_trial, capstone_trial, measured_levers, paired_launch, reference_build
 from m11_helpers.capstone_build import CapstoneRun, reference_loop, reference_step, single_process_step, step_trial
 from m11_helpers.capstone_gpu import LEVER_CONFIGS, lever_rows, lever_table, predict_gpu_run, step_seconds
 from m11_helpers.capstone_measure import compare, sweep
@@ -126,10 +126,12 @@ def test_gpu_plan_for_the_running_example():
         step_seconds(1e9, 1e3, 1e15, hfu=0)
 
 
-def test_step_equals_one_process_and_the_script(tmp_path):
-    cases = [["--parallel", "fsdp2", "--accum", 2, "--batch", 8, "--clip", 0.5], ["--parallel", "ddp", "--batch", 8]]
-    got = launch(step_trial, reference_step, cases, num_processes=2, device="cpu", show_output=False)
-    for argv, *per_rank in zip(cases, *got):
+STEP_CASES = [["--parallel", "fsdp2", "--accum", 2, "--batch", 8, "--clip", 0.5], ["--parallel", "ddp", "--batch", 8]]
+
+
+def _check_steps(got):
+    """The script's step on 2 ranks (run in the assembled test's launch) against one process."""
+    for argv, *per_rank in zip(STEP_CASES, *got):
         ref = single_process_step(*argv, world_size=2)
         for r in per_rank:
             assert r["error"] is None and r["syncs"] == r["ref_syncs"] > 0
@@ -137,6 +139,9 @@ def test_step_equals_one_process_and_the_script(tmp_path):
             assert r["loss"] == pytest.approx(ref["loss"], rel=1e-6) and r["norm"] == pytest.approx(ref["norm"], rel=1e-5)
             torch.testing.assert_close(r["grads"], ref["grads"], rtol=1e-4, atol=1e-6)
         assert per_rank[0]["syncs"] == (5 if argv[1] == "fsdp2" else 1)  # FSDP2: 4 blocks + the root
+
+
+def test_a_ddp_run_with_bf16_needs_autocast():
     with pytest.raises(ValueError, match="--bf16 needs --parallel fsdp2"):
         CapstoneRun("--parallel", "ddp", "--bf16")
 
@@ -148,18 +153,21 @@ def _as_a_learner_builds(args, device, world):  # the build hook, fed the script
 
 
 def _assembled(argv, folder):
-    """One launch: the trial of exercise 11.3 on the script's pieces and loop, the script itself, and the trial of
-    exercise 11.2 on the script's build and through the build hook."""
+    """One launch, beside the script's build trial of exercise 11.2 (paired_launch's reference, first): the trial of
+    exercise 11.3 on the script's pieces and loop, the script itself, the trial of 11.2 through the build hook, and
+    the script's step against one process (exercise 11.1's reference)."""
     loop = capstone_trial(None, reference_step, reference_loop, argv, folder, signal_at=1)
-    builds = build_trial(None, [argv]) + build_trial(_as_a_learner_builds, [argv])
-    return loop, run_train(*argv), builds
+    return loop, run_train(*argv), build_trial(_as_a_learner_builds, [argv]), step_trial(reference_step, STEP_CASES)
 
 
-def test_the_assembled_run_resumes_bit_for_bit_like_the_script_and_its_build_is_counted_exactly(tmp_path):
+def test_the_assembled_run_resumes_bit_for_bit_like_the_script_and_its_build_is_counted_exactly(tmp_path, monkeypatch):
     flags = Flags("fsdp2", bf16=True, ac=True, accum=2)
     argv = flags.argv() + ["--batch", 8, "--steps", 4, "--warmup", 1, "--ckpt-every", 2, "--timeout", 30]
-    got = launch(_assembled, argv, str(tmp_path), num_processes=2, device="cpu", timeout=240, show_output=False)
-    for rank, (loop, script, (ours, hooked)) in enumerate(got):
+    got = paired_launch(_assembled, argv, str(tmp_path), reference=[argv], num_processes=2, timeout=240,
+                        show_output=False)
+    monkeypatch.setattr("m11_helpers.launch.launch", lambda *a, **k: pytest.fail("the reference launched again"))
+    reference = reference_build([argv], 2)  # measured in the same ranks, before the rest: from the cache
+    for rank, ((loop, script, (hooked,), _), (ours,)) in enumerate(zip(got, reference)):
         first, second = loop["phases"]
         assert loop["error"] is None and loop["world"] == 2
         assert first["returned"] == 2 and 2 in first["complete"]  # the agreed stop, saved
@@ -172,7 +180,8 @@ def test_the_assembled_run_resumes_bit_for_bit_like_the_script_and_its_build_is_
             assert measured["comm_per_step"] == [planned["comm_elements"]] * 4
         assert (ours["weights"] is None) == (rank != 0) and ours["checkpointer"] == "NoneType"
     assert got[0][0]["phases"][1]["checksum"] == got[0][0]["straight"]["checksum"] == got[0][1]["checksum"]
-    torch.testing.assert_close(got[0][2][0]["weights"], got[0][2][1]["weights"], rtol=0, atol=0)
+    torch.testing.assert_close(reference[0][0]["weights"], got[0][2][0]["weights"], rtol=0, atol=0)
+    _check_steps([r[3] for r in got])
 
 
 def test_measured_levers_run_each_configuration_once_and_hold_the_plan(monkeypatch):
@@ -187,8 +196,8 @@ def test_measured_levers_run_each_configuration_once_and_hold_the_plan(monkeypat
     assert measured_levers([Flags(accum=4)], 3, 16) == {}  # 16 rows do not split into 3 × 4: not run
 
 
-def test_the_command_is_read_as_accelerate_reads_it_and_functions_cross_processes_by_value(tmp_path):
-    from m11_helpers.capstone_command import capstone_flags, freeze, read_command, thaw
+def test_the_command_is_read_as_accelerate_reads_it_and_functions_cross_processes_by_value(tmp_path, monkeypatch):
+    from m11_helpers.capstone_command import REFERENCE_ENV, capstone_flags, freeze, read_command, run_command, thaw
 
     config = tmp_path / "c.yaml"
     config.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\nnum_processes: 4\n"
@@ -216,6 +225,12 @@ def test_the_command_is_read_as_accelerate_reads_it_and_functions_cross_processe
     exec(code, cell)  # a function defined in a notebook's __main__: pickle alone would look it up by name
     thawed = thaw(freeze({"f": cell["f"], "n": 1}, tmp_path / "run.pkl"))
     assert thawed["f"](5) == [30] and thawed["n"] == 1 and thawed["f"].__globals__["math"] is math
+    seen = []  # what run_command hands launch_script (the real launch: exercise 11.3's check, tests/test_wrong_answers)
+    monkeypatch.setattr("m11_helpers.launch.launch_script", lambda *a, **k: seen.append((a, k)))
+    run_command(["accelerate", "launch", "--config_file", config, *script], reference=["--steps", 1], env={"A": "1"})
+    (args, kw), = seen
+    assert args[1:] == tuple(script[1:]) and (kw["num_processes"], kw["launcher_flags"]) == (4, cmd.launcher)
+    assert kw["env"] == {"A": "1", REFERENCE_ENV: "--steps 1"}  # scripts/capstone.py trains the script's pieces first
 
 
 def test_dropout_draws_masks_only_when_asked():
