@@ -472,7 +472,7 @@ def test_the_guard_verifies_every_module_added_to_the_launcher_or_the_check_cell
     real = watch.collect
     monkeypatch.setattr(watch, "collect", lambda *a, **k: [])  # a notebook's stand-in for the rank watcher
     gk.FOUND.clear()
-    ledger._verify("m11_helpers.launch.watch", Path(watch.__file__).read_text(encoding="utf-8"), {})
+    ledger._verify("m11_helpers.launch.watch", Path(watch.__file__).read_text(encoding="utf-8"))
     assert gk.FOUND == ["m11_helpers.launch.watch was patched (collect)"]
     assert watch.collect.__code__ == real.__code__  # put back from the installed source
     gk.FOUND.clear()
@@ -481,8 +481,9 @@ def test_the_guard_verifies_every_module_added_to_the_launcher_or_the_check_cell
 def test_the_module_scan_finds_notebook_code_wherever_its_shortcuts_pass_by(monkeypatch) -> None:
     """The scan passes plain values, library functions and instances of classes it already judged without
     `_origin` (guard/kernel.py, `_NO_CODE`, `_known`). Notebook code planted behind each shortcut, one plant
-    at a time and then all together, is found and named, also when a metaclass claims its class is `str`
-    and when the `types` module's names were rebound; the plain values and library code beside it are not."""
+    at a time and then all together, is found and named (also inside a class the module defines: a method, an
+    instance of a notebook class, a partial), also when a metaclass claims its class is `str` and when the
+    `types` module's names were rebound; the plain values and library code beside it are not."""
     import functools
     import json as library  # a library module: its functions' files lie in the interpreter's folders
     import types
@@ -506,8 +507,13 @@ def test_the_module_scan_finds_notebook_code_wherever_its_shortcuts_pass_by(monk
               "part": functools.partial(notebook["planted"], 1), "prop_holder": property(notebook["planted"]),
               "other": other, "bound": notebook["Mine"]().go, "posing": notebook["Posing"](), "impostor": notebook["partial"](),
               "Lib": type("Lib", (), {"__module__": "m11_scan_probe", "bad": staticmethod(notebook["planted"])}),
-              "Held": type("Held", (), {"__module__": "elsewhere", "bad": notebook["planted"]})}  # found, not own
-    names = {"Lib": "Lib.bad"}
+              "Held": type("Held", (), {"__module__": "elsewhere", "bad": notebook["planted"]}),  # found, not own
+              # inside a class the module defines: a function, an instance of a notebook class, a partial
+              "LibFn": type("LibFn", (), {"__module__": "m11_scan_probe", "bad": notebook["planted"]}),
+              "LibObj": type("LibObj", (), {"__module__": "m11_scan_probe", "bad": notebook["Mine"]()}),
+              "LibPart": type("LibPart", (), {"__module__": "m11_scan_probe",
+                                              "bad": functools.partial(notebook["planted"])})}
+    names = {"Lib": "Lib.bad", "LibFn": "LibFn.bad", "LibObj": "LibObj.bad", "LibPart": "LibPart.bad"}
     mod = types.ModuleType("m11_scan_probe")
     mod.__file__ = library.__file__  # it claims to be library code
     lib_class = type("Lib", (), {"__module__": "m11_scan_probe", "ok": library.dumps, "n": 3, "p": property(len)})
@@ -534,6 +540,7 @@ def test_the_module_scan_finds_notebook_code_wherever_its_shortcuts_pass_by(monk
         delattr(mod, key)
     mod.__dict__.update(plants)  # all at once: each named
     assert scan() == {f"m11_scan_probe.{names.get(k, k)}" for k in plants}
+
 
 
 def test_the_guard_benchmark_can_still_take_the_shortcuts_out() -> None:

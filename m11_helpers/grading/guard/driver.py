@@ -15,9 +15,12 @@ in `guard/kernel.py` / `guard/ledger.py` (the code that runs in the kernel); why
 in-kernel guard can stop, in docs/instructor-guide.md, "What the grader defends against".
 
 Everything the guard compares against is read HERE, before the notebook runs: its own code, the
-sources of the check, observe and launch modules, and where the installed libraries live. Each call
-sends it afresh with a new nonce, in `user_expressions` of a silent request (see guard/kernel.py),
-run by the `exec` and the builtins the kernel had before the notebook ran (`Guard._expression`).
+sources of the check, observe and launch modules, and where the installed libraries live. The
+baseline sends the code and the sources once, in `user_expressions` of a silent request (see
+guard/kernel.py), and the kernel compiles them then, before any cell; each later call sends only its
+arguments and a new nonce, and runs that code with the `exec` and the builtins the kernel had before
+the notebook ran (`Guard._expression`). Sending and parsing ~160 KB of code and sources with every
+call cost a guard call ~10 ms of kernel and driver CPU (benchmarks/guard_phases.py).
 """
 
 from __future__ import annotations
@@ -123,12 +126,13 @@ def library_roots() -> list[str]:
     return sorted(roots)
 
 
-def _sources() -> dict[str, str]:
+def _sources() -> dict[str, tuple[str, str]]:
+    """name -> (its file, its text) for each verified module, as installed now."""
     out = {}
     for name in VERIFIED:
         spec = importlib.util.find_spec(name)
         if spec and spec.origin and os.path.isfile(spec.origin):
-            out[name] = Path(spec.origin).read_text(encoding="utf-8")
+            out[name] = (spec.origin, Path(spec.origin).read_text(encoding="utf-8"))
     return out
 
 
@@ -184,7 +188,9 @@ class Guard:
     def __init__(self, kc, timeout: float = 60.0) -> None:
         self.kc, self.timeout = kc, timeout
         self.parts = tuple(p.read_text(encoding="utf-8") for p in _PARTS)
-        self.sources, self.roots = _sources(), library_roots()
+        found, self.roots = _sources(), library_roots()
+        self.sources = {name: text for name, (_, text) in found.items()}
+        self.paths = {name: path for name, (path, _) in found.items()}
         self.kit = _kit_names({m: s for m, s in self.sources.items() if m in KIT_MODULES})
         self.holder = f"_m11_guard_{secrets.token_hex(8)}"  # the class that keeps the kernel's exec and builtins
         self.state: int | None = None
@@ -196,24 +202,30 @@ class Guard:
     def _expression(self, mode: str, payload: dict) -> str:
         """The guard's code and arguments as one expression, run by `exec` and builtins captured at baseline.
 
-        Before the notebook runs (baseline) `exec` is the kernel's own. After, nothing is looked up in the
-        notebook's namespace or in `builtins`: the expression reaches the class the baseline made (by its
-        secret name, through `object.__subclasses__()`, itself reached from a literal `()`), checks with the
-        real `type` that the `exec` it holds is still the built-in one, and runs the guard with the copy of
-        the builtins taken at baseline. A notebook `exec` never sees the guard's arguments (or its nonce);
-        a swapped reference fails the check closed.
+        Before the notebook runs (baseline) `exec` and `compile` are the kernel's own: the baseline compiles
+        the guard's parts (sent once, here) and keeps them, with that `exec`, a copy of the builtins and the
+        kit's sources compiled, in a class it makes. After, nothing is looked up in the notebook's namespace
+        or in `builtins`, and no code is sent: the expression reaches that class (by its secret name, through
+        `object.__subclasses__()`, itself reached from a literal `()`), checks with the real `type` that the
+        `exec` it holds is still the built-in one and the parts it holds are code, and runs them with the
+        copy of the builtins. A notebook `exec` never sees the guard's arguments (or its nonce); a swapped
+        reference fails the check closed.
         """
-        ns = f"{{'ARGS': {payload!r}}}" if mode == "baseline" else f"{{'__builtins__': B, 'ARGS': {payload!r}}}"
-        run = f"(lambda ns: E({self.parts[0]!r}, ns) or E({self.parts[1]!r}, ns) or ns['OUT'])({ns})"
+        ns = "{'ARGS': %r, 'HELD': (E, B, P, S)}" % payload if mode == "baseline" else \
+            "{'__builtins__': B, 'ARGS': %r, 'HELD': (E, B, P, S)}" % payload
+        run = f"(lambda ns: E(P[0], ns) or E(P[1], ns) or ns['OUT'])({ns})"
         if mode == "baseline":
-            return f"(lambda E: {run})(exec)"
+            parts = ", ".join(f"C({text!r}, '<string>', 'exec')" for text in self.parts)
+            return f"(lambda E, C: (lambda B, P, S: {run})(None, ({parts},), None))(exec, compile)"
         lost = json.dumps({"nonce": payload["nonce"], "error": "the guard's own exec, captured before the notebook "
-                           "ran, was replaced (or the class holding it was)"})
+                           "ran, was replaced (or the class holding it was, or the code it keeps)"})
         subclasses = "().__class__.__base__.__subclasses__"
-        return (f"(lambda T: (lambda H: (lambda E, B: {run} if T(E) is T({subclasses}) and E.__name__ == 'exec' "
-                f"and T(B) is T({{}}) else {lost!r})(*(T.__dict__['__dict__'].__get__(H[0])['x'] if H else "
-                f"(None, None))))([c for c in {subclasses}() if T.__dict__['__name__'].__get__(c) == "
-                f"{self.holder!r}][:1]))(().__class__.__class__)")
+        code = "T((lambda: 0).__code__)"
+        return (f"(lambda T: (lambda H: (lambda E, B, P, S: {run} if T(E) is T({subclasses}) and E.__name__ == 'exec' "
+                f"and T(B) is T({{}}) and T(P) is T(()) and T(P[0]) is T(P[-1]) is {code} else {lost!r})"
+                f"(*(T.__dict__['__dict__'].__get__(H[0])['x'] if H else (None, None, (None,), None))))"
+                f"([c for c in {subclasses}() if T.__dict__['__name__'].__get__(c) == {self.holder!r}][:1]))"
+                f"(().__class__.__class__)")
 
     def _call(self, mode: str, **args) -> dict:
         nonce = secrets.token_hex(16)
@@ -255,8 +267,10 @@ class Guard:
         return GuardReport(list(out.get("findings", [])), bool(out.get("passed")), list(out.get("fails", [])), error)
 
     def baseline(self) -> GuardReport:
-        """Once, before any cell: remember the kernel's pristine state (and die with this process)."""
-        out = self._call("baseline", ppid=os.getpid())
+        """Once, before any cell: remember the kernel's pristine state (and die with this process); compile the
+        kit's sources there, to compare the live modules with before and after every check cell."""
+        sources = [(name, self.paths[name], text) for name, text in self.sources.items()]
+        out = self._call("baseline", ppid=os.getpid(), sources=sources)
         self.state = out.get("state")
         if self.state is None:
             self.error = out.get("error") or "the grader's guard could not start in the kernel"
@@ -274,12 +288,12 @@ class Guard:
         if self.state is None:
             return self._report({})
         self._free = free_names(source)
-        return self._report(self._call("before", exercise=str(exercise), source=source, sources=self.sources,
-                                       kit=self.kit, free=self._free))
+        return self._report(self._call("before", exercise=str(exercise), source=source, kit=self.kit,
+                                       free=self._free))
 
     def after(self, exercise: str) -> GuardReport:
         """After it: flag what the cell's run bent, restore the names, read the ledger."""
         if self.state is None:
             return self._report({})
-        return self._report(self._call("after", exercise=str(exercise), sources=self.sources, kit=self.kit,
+        return self._report(self._call("after", exercise=str(exercise), kit=self.kit,
                                        free=getattr(self, "_free", [])))

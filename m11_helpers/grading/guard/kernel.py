@@ -2,10 +2,11 @@
 
 Never imported by a kernel. `guard/driver.py`, in the grading process outside the kernel, reads this file
 and `guard/ledger.py` (part 2), and the pristine sources of the check, observe and launch modules,
-before the notebook runs, and sends their text with every call in the `user_expressions` of a silent
-execute request, evaluated as `(lambda ns: E(PART1, ns) or E(PART2, ns) or ns["OUT"])({"ARGS": {...}})`
-with `E` the kernel's own `exec`: no input or AST transformer, no cell event and no custom exception
-handler touches it.
+before the notebook runs, and sends their text once, with the baseline, in the `user_expressions` of a
+silent execute request: the baseline compiles them and keeps the code (see below). Every call is
+evaluated as `(lambda ns: E(PART1, ns) or E(PART2, ns) or ns["OUT"])({"ARGS": {...}, "HELD": ...})`
+with `E` the kernel's own `exec` and PART1, PART2 this code compiled: no input or AST transformer, no
+cell event and no custom exception handler touches it.
 `ARGS["mode"]` is one of
 
 - `baseline` (once, before the first cell): remember the builtins, the IPython hooks and trace
@@ -18,8 +19,9 @@ handler touches it.
 
 `OUT` is a JSON string echoing `ARGS["nonce"]`, so a reply the guard did not write is refused. After
 the baseline the expression does not look up `exec` where the notebook can rebind it: the baseline
-keeps the kernel's `exec` and a copy of its builtins in a class with a secret name, and every later
-call runs this code with them (guard/driver.py, `Guard._expression`). Below, `builtins` and `sys` must be the
+keeps the kernel's `exec`, a copy of its builtins, this code compiled and the kit's sources compiled in
+a class with a secret name, and every later call runs this code with them (guard/driver.py,
+`Guard._expression`): nothing is sent or parsed again but the call's arguments. Below, `builtins` and `sys` must be the
 interpreter's own (an `exec` that is built in belongs to the first; a fake `sys` cannot hold the
 second's functions as its own), or the guard refuses to run: the check fails closed.
 """

@@ -26,6 +26,11 @@ if "flag" not in globals():  # a plain import, not the guard's run inside a kern
     )
 
 
+# set by the caller (guard/driver.py): the kernel's exec, the builtins copy, the guard's parts compiled and the
+# kit's (name, source, code), all kept by the baseline; at the baseline itself only the parts
+HELD = globals().get("HELD") or (None, None, (), ())
+
+
 def _same(a, b, depth=0):
     """Two functions with equal code, defaults and (wrapped) closures."""
     if type(a) is not type(b):
@@ -60,10 +65,11 @@ def _equal(w, v) -> bool:
         return repr(w) == repr(v)
 
 
-def _verify(name, source, compiled):
+def _verify(name, source, code=None):
     """Compare the live module with a fresh run of its installed source; restore it when they differ.
 
-    `compiled`: (source, file) -> its code, kept across calls (compiling the nine sources was a tenth of a call).
+    `code`: that source compiled, once per kernel, by the baseline (compiled here without it: tests). Its file
+    name is the driver's, which may not be the live module's: code objects compare equal whatever their file.
     """
     live = sys.modules.get(name)
     if live is None:
@@ -74,10 +80,8 @@ def _verify(name, source, compiled):
         return
     d = live.__dict__
     fresh = {k: d[k] for k in ("__name__", "__file__", "__package__", "__spec__", "__path__") if k in d}
-    key = (source, d.get("__file__") or name)
-    code = compiled.get(key)
     if code is None:
-        code = compiled[key] = compile(source, key[1], "exec")
+        code = compile(source, d.get("__file__") or name, "exec")
     exec(code, fresh)
     bad = []
     for k, v in fresh.items():
@@ -233,8 +237,11 @@ def _main():
             if os.getppid() != A["ppid"]:
                 os._exit(1)
         state = {"base": snapshot(shell)}
-        # later calls run the guard with these, never with what the notebook then calls `exec` (guard/driver.py)
-        state["holder"] = type(A["holder"], (), {"__slots__": (), "x": (exec, dict(vars(builtins)))})
+        # later calls run the guard with these, never with what the notebook then calls `exec` (guard/driver.py):
+        # its parts as the baseline compiled them, and the kit's sources compiled for `_verify`
+        kit = tuple((name, source, compile(source, file, "exec")) for name, file, source in A["sources"])
+        kept = (exec, dict(vars(builtins)), HELD[2], kit)
+        state["holder"] = type(A["holder"], (), {"__slots__": (), "x": kept})
         sys.modules[KEY] = types.SimpleNamespace(state=state)
         return {"state": id(state)}
     holder = sys.modules.get(KEY)
@@ -254,8 +261,8 @@ def _main():
         result = {"passed": A["exercise"] in ledger["passed"], "fails": ledger["fails"]}
     restore_kernel(state, shell)
     scan_modules()
-    for name, source in A.get("sources", {}).items():
-        _verify(name, source, state.setdefault("compiled", {}))
+    for name, source, code in HELD[3]:
+        _verify(name, source, code)
     if mode == "before":
         _rebind(state, shell, before=True)
         _install_ledger(state, shell, A["source"])
