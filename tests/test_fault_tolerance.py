@@ -123,11 +123,28 @@ def spot(*argv):
     return launch(SPOT.main, [*STEPS, *argv], num_processes=2, show_output=False, timeout=120)
 
 
+def reference_then_accelerate_state(folder):
+    """One 2-rank launch, three runs one after another in the same ranks: the uninterrupted reference; then
+    with Accelerate's save_state, a spot notice after step 9 (what it left in `folder`, as rank 0 saw it)
+    and the --resume that finishes."""
+    reference = SPOT.main([*STEPS, "--ckpt-dir", "/nonexistent-never-written"])
+    pre = SPOT.main([*STEPS, "--ckpt-dir", folder, "--accelerate-state", "--preempt-at", 9])
+    left = {p.name: sorted(q.name for q in p.iterdir()) for p in folder.iterdir()}
+    resumed = SPOT.main([*STEPS, "--ckpt-dir", folder, "--accelerate-state", "--resume"])
+    return {"reference": reference, "pre": pre, "left": left, "resumed": resumed}
+
+
 @pytest.fixture(scope="module")
-def reference():
-    run = spot("--ckpt-dir", "/nonexistent-never-written")
-    assert [r["done"] for r in run] == [True, True]
-    return run[0]
+def forked(tmp_path_factory):
+    out = launch(reference_then_accelerate_state, tmp_path_factory.mktemp("acc") / "ckpt", num_processes=2,
+                 show_output=False, timeout=120)
+    return {key: [r[key] for r in out] for key in out[0]}
+
+
+@pytest.fixture(scope="module")
+def reference(forked):
+    assert [r["done"] for r in forked["reference"]] == [True, True]
+    return forked["reference"][0]
 
 
 def test_sigkill_resumes_from_the_last_periodic_checkpoint_then_sigterm_and_resume_are_bit_identical(tmp_path,
@@ -155,16 +172,14 @@ def test_sigkill_resumes_from_the_last_periodic_checkpoint_then_sigterm_and_resu
     assert resumed[0]["losses"] == reference["losses"][state["step"]:]
 
 
-def test_accelerate_save_state_preempt_then_resume_is_bit_identical(tmp_path, reference):
+def test_accelerate_save_state_preempt_then_resume_is_bit_identical(forked, reference):
     # the same batches and noise as the course's own checkpoint mode: the reference is its uninterrupted run too;
     # forked ranks have no agent above them: rank 0 signals itself, and the ranks agree at the next step
-    ckpt, acc_flag = tmp_path / "ckpt", "--accelerate-state"
-    pre = spot("--ckpt-dir", ckpt, acc_flag, "--preempt-at", 9)
+    pre, left, resumed = forked["pre"], forked["left"][0], forked["resumed"]  # the runs of one launch, in order
     assert [r["preempted_at"] for r in pre] == [10, 10]
-    assert sorted(p.name for p in ckpt.iterdir()) == ["preempted"]  # renamed into place, no .tmp left
+    assert sorted(left) == ["preempted"]  # renamed into place, no .tmp left
     assert {"model.safetensors", "optimizer.bin", "random_states_0.pkl", "random_states_1.pkl",
-            "step.json"} <= {p.name for p in (ckpt / "preempted").iterdir()}
-    resumed = spot("--ckpt-dir", ckpt, acc_flag, "--resume")
+            "step.json"} <= set(left["preempted"])
     assert resumed[0]["start"] == 10 and resumed[0]["resumed_from"] == "preempted"
     assert [r["checksum"] for r in resumed] == [reference["checksum"]] * 2  # bitwise, both ranks
     assert resumed[0]["losses"] == reference["losses"][10:]

@@ -238,7 +238,7 @@ def test_spot_notice_crash_and_sigkills_at_random_moments_then_resume_is_bit_ide
     assert seen[0] == ([4, 6], [step_dir(tmp_path, 8).name + ".tmp"])
     newest = complete_steps(tmp_path)[-1]  # 8 once the next run (from 6, the stale .tmp ignored) saved it again
     assert seen[1][0][:2] == [4, 6] and newest in (6, 8)
-    done, _ = run(2, *COMMON, "--ckpt-dir", tmp_path)
+    done = launch(run_train, *COMMON, "--ckpt-dir", tmp_path, num_processes=2, show_output=False, timeout=240)[0]
     assert done["resumed"]["step"] == newest and not done["resumed"]["resharded"]
     assert not list(tmp_path.glob("*.tmp"))  # stale .tmp cleaned up
     assert done["checksum"] == ref2["result"]["checksum"]  # the same weights, bit for bit
