@@ -1,7 +1,8 @@
 """Atomic checkpoints survive a kill mid-write; a real SIGTERM mid-run + resume is bit-identical on 2 ranks.
 
-train_spot.py runs on forked ranks (its own `main`, in a fraction of a second) except for the one leg that is
-about the launcher: under a real `accelerate launch`, the SIGTERM reaches torchrun's agent, which forwards it.
+train_spot.py runs on forked ranks (its own `main`, in a fraction of a second). The launcher's part of a spot
+notice (a SIGTERM to torchrun's agent, which forwards it to every rank; `PreemptionNotice.drill`, which both
+scripts use) is tested once, under a real `accelerate launch` of the reference script: test_elastic_restart.py.
 """
 
 import os
@@ -22,12 +23,10 @@ from m11_helpers.fault_tolerance import (
     set_rng_state,
     state_checksum,
 )
-from m11_helpers.launch import LaunchError, launch, launch_script
+from m11_helpers.launch import LaunchError, launch
 from m11_helpers.models import mlp
 from m11_helpers.reference_run import script_module
-from m11_helpers.resources import script_path
 
-SCRIPT = script_path("train_spot.py")
 STEPS = ["--steps", "24"]
 
 
@@ -147,26 +146,29 @@ def reference(forked):
     return forked["reference"][0]
 
 
+def notice_then_finish(ckpt):
+    """One 2-rank launch, two runs one after another in the same ranks: resumed from the newest periodic checkpoint,
+    a real SIGTERM after step 14 (rank 0 to itself: forked ranks have no agent above them); then the --resume that
+    finishes."""
+    return SPOT.main([*STEPS, "--ckpt-dir", ckpt, "--resume", "--preempt-at", 14]), SPOT.main(
+        [*STEPS, "--ckpt-dir", ckpt, "--resume"])
+
+
 def test_sigkill_resumes_from_the_last_periodic_checkpoint_then_sigterm_and_resume_are_bit_identical(tmp_path,
                                                                                                     reference):
-    # one chain of three launches proves both recoveries: a SIGKILL (no notice) loses the steps since the last
-    # periodic checkpoint; the run resumed from it, under a real `accelerate launch`, gets a real SIGTERM
-    # mid-run (rank 0 to the launcher, torchrun's agent, which forwards it to every rank) and checkpoints; the
-    # last resume ends bit-identical to the uninterrupted reference, so both resumes were exact (and forked
-    # ranks and the launcher's compute the same bits)
+    # one chain of two launches proves both recoveries: a SIGKILL (no notice) loses the steps since the last
+    # periodic checkpoint; the run resumed from it gets a real SIGTERM mid-run and checkpoints (both ranks at the
+    # same step); the last resume ends bit-identical to the uninterrupted reference, so both resumes were exact
     ckpt = tmp_path / "ckpt"
     with pytest.raises(LaunchError, match="SIGKILL"):  # no notice, nothing reported
         spot("--ckpt-dir", ckpt, "--ckpt-every", 5, "--kill-at", 12)
     assert latest_checkpoint(ckpt).name == "step00010.pt"  # steps 10, 11, 12 are lost
-    signalled = launch_script(SCRIPT, *STEPS, "--ckpt-dir", ckpt, "--resume", "--preempt-at", 14, num_processes=2,
-                              check=False, show_command=False, echo=False)  # the agent, signalled, exits non-zero
-    out = signalled.output
-    assert "resumed from step00010.pt at step 10" in out and "spot notice received" in out, out[-3000:]
-    assert "got signal: 15" in out  # the SIGTERM went to torchrun's agent, not to the ranks
-    assert [r["preempted_at"] for r in signalled.results] == [15, 15]  # both ranks, at the same step
+    out = launch(notice_then_finish, ckpt, num_processes=2, show_output=False, timeout=120)
+    signalled, resumed = [r[0] for r in out], [r[1] for r in out]
+    assert signalled[0]["start"] == 10 and signalled[0]["resumed_from"] == "step00010.pt"
+    assert [r["preempted_at"] for r in signalled] == [15, 15]  # both ranks, at the same step
     state = load_checkpoint(ckpt / "preempted.pt")
     assert state["step"] == 15 and len(state["rng"]) == 2
-    resumed = spot("--ckpt-dir", ckpt, "--resume")
     assert resumed[0]["start"] == state["step"]
     assert [r["checksum"] for r in resumed] == [reference["checksum"]] * 2  # bitwise, both ranks
     assert resumed[0]["losses"] == reference["losses"][state["step"]:]
