@@ -128,7 +128,7 @@ def reference_then_accelerate_state(folder):
     and the --resume that finishes."""
     reference = SPOT.main([*STEPS, "--ckpt-dir", "/nonexistent-never-written"])
     pre = SPOT.main([*STEPS, "--ckpt-dir", folder, "--accelerate-state", "--preempt-at", 9])
-    left = {p.name: sorted(q.name for q in p.iterdir()) for p in folder.iterdir()}
+    left = {p.name: sorted(q.name for q in p.iterdir()) for p in folder.iterdir()} if folder.is_dir() else {}
     resumed = SPOT.main([*STEPS, "--ckpt-dir", folder, "--accelerate-state", "--resume"])
     return {"reference": reference, "pre": pre, "left": left, "resumed": resumed}
 
