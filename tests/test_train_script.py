@@ -1,19 +1,17 @@
-"""The reference script on real gloo ranks: against one process, one reduction per step, resharding
-resume within float-summation tolerance, SIGKILL/SIGTERM/crash + resume bit-identical (elastic restarts
-under `accelerate launch`: test_elastic_restart.py).
+"""The reference script on real gloo ranks: against one process, one reduction per step, resharding resume within
+float-summation tolerance, SIGKILL/SIGTERM/crash + resume bit-identical (elastic restarts under `accelerate launch`:
+test_elastic_restart.py).
 
-One chain of runs serves every comparison: an uninterrupted 2-rank run (module-scoped), 4 ranks resumed
-from its step 8, 2 ranks resumed from those 4 ranks' step 10; the fault drills start from the 2-rank
-run's checkpoints and must end on its weights, bit for bit. Runs that need no process of their own share
-a launch, one after another in the same ranks (the accumulation runs after the uninterrupted one; the
-spot notice after the resume from 4 ranks): a launch's forks and DTensor's first-use costs, about 1 s
-of CPU per 2-rank launch, are paid once. Resharding
-tolerance: a different number of ranks sums each gradient element's per-rank partial sums in a
-different order (and each rank's local mean runs over a different number of rows), so gradients
-differ by a few fp32 ulp (2^-23 ≈ 1.2e-7 relative). AdamW divides each element by its own running
-RMS, which carries a relative error unchanged but lets an element whose partial sums nearly cancel
-take a visibly different (still ≤ lr) step: losses agree to rtol 1e-5 (measured ≤ 1.9e-7 over 36
-steps), weights to atol 1e-4 = lr/30 (measured ≤ 7e-6 over 8 steps, 2.4e-5 over 36).
+One chain of runs serves every comparison: an uninterrupted 2-rank run (module-scoped), 4 ranks resumed from its
+step 8, 2 ranks resumed from those 4 ranks' step 10; the fault drills start from the 2-rank run's checkpoints and
+must end on its weights, bit for bit. Runs that need no process of their own share a launch, one after another in
+the same ranks (the accumulation runs after the uninterrupted one; the spot notice after the resume from 4 ranks): a
+launch's forks and DTensor's first-use costs, about 1 s of CPU per 2-rank launch, are paid once. Resharding
+tolerance: a different number of ranks sums each gradient element's per-rank partial sums in a different order (and
+each rank's local mean runs over a different number of rows), so gradients differ by a few fp32 ulp (2^-23 ≈ 1.2e-7
+relative). AdamW divides each element by its own running RMS, which carries a relative error unchanged but lets an
+element whose partial sums nearly cancel take a visibly different (still ≤ lr) step: losses agree to rtol 1e-5
+(measured ≤ 1.9e-7 over 36 steps), weights to atol 1e-4 = lr/30 (measured ≤ 7e-6 over 8 steps, 2.4e-5 over 36).
 """
 
 import functools
@@ -63,11 +61,6 @@ def train_keep_weights(*argv):
     return run_train(*argv, observer=obs), obs.weights
 
 
-def run(n, *argv, timeout=240):
-    out = launch(train_keep_weights, *argv, num_processes=n, timeout=timeout, show_output=False)
-    return out[0][0], out[0][1]  # rank 0's result and weights
-
-
 ACCUMULATION = {"fsdp2": ["--bf16", "--ac"], "ddp": ["--ac"]}  # FSDP2 in bf16 + recompute; DDP in fp32
 
 
@@ -93,7 +86,8 @@ def ref2(tmp_path_factory):
 def on4(ref2, tmp_path_factory):
     """4 ranks resumed from the 2-rank run's step 8 (resharded), to step 12; checkpoints at 10 and 12."""
     folder = _copy_checkpoint(ref2["dir"], 8, tmp_path_factory.mktemp("on4"))
-    result, weights = run(4, *COMMON, "--ckpt-every", 2, "--ckpt-dir", folder)
+    result, weights = launch(train_keep_weights, *COMMON, "--ckpt-every", 2, "--ckpt-dir", folder, num_processes=4,
+                             timeout=240, show_output=False)[0]  # rank 0's result and weights
     return {"result": result, "weights": weights, "dir": folder}
 
 
