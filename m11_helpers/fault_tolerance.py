@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 import signal
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,23 @@ class PreemptionNotice:
         if dist.is_available() and dist.is_initialized():
             dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
         return bool(flag.item())
+
+    def drill(self, wait: float = 20.0) -> None:
+        """DRILL (the scripts' --preempt-at / --notice-at): a real SIGTERM, sent the way the cloud's reaches a job,
+        then wait (at most `wait` s) until it is back here, so the ranks agree at the very next step.
+
+        Under torchrun (`accelerate launch`), to the agent, which forwards it to every rank; with no agent
+        above (ranks forked by `m11_helpers.launch`), to this process only.
+        """
+        os.kill(os.getppid() if "TORCHELASTIC_RUN_ID" in os.environ else os.getpid(), signal.SIGTERM)
+        self.wait(wait)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Sleep until the notice has arrived (at most `timeout` s; None: for as long as it takes); True if it has."""
+        deadline = None if timeout is None else time.monotonic() + timeout  # m11: cpu-only - a wait, not a timing
+        while not self.received and (deadline is None or time.monotonic() < deadline):
+            time.sleep(0.02)
+        return self.received
 
 
 def fsync_dir(folder: str | os.PathLike) -> None:

@@ -1,7 +1,8 @@
 """Atomic checkpoints survive a kill mid-write; a real SIGTERM mid-run + resume is bit-identical on 2 ranks.
 
-train_spot.py runs on forked ranks (its own `main`, in a fraction of a second) except for the one leg that is
-about the launcher: under a real `accelerate launch`, the SIGTERM reaches torchrun's agent, which forwards it.
+train_spot.py runs on forked ranks (its own `main`, in a fraction of a second). The launcher's part of a spot
+notice (a SIGTERM to torchrun's agent, which forwards it to every rank; `PreemptionNotice.drill`, which both
+scripts use) is tested once, under a real `accelerate launch` of the reference script: test_elastic_restart.py.
 """
 
 import os
@@ -22,12 +23,10 @@ from m11_helpers.fault_tolerance import (
     set_rng_state,
     state_checksum,
 )
-from m11_helpers.launch import LaunchError, launch, launch_script
+from m11_helpers.launch import LaunchError, launch
 from m11_helpers.models import mlp
 from m11_helpers.reference_run import script_module
-from m11_helpers.resources import script_path
 
-SCRIPT = script_path("train_spot.py")
 STEPS = ["--steps", "24"]
 
 
@@ -123,48 +122,66 @@ def spot(*argv):
     return launch(SPOT.main, [*STEPS, *argv], num_processes=2, show_output=False, timeout=120)
 
 
+def reference_then_accelerate_state(folder):
+    """One 2-rank launch, three runs one after another in the same ranks: the uninterrupted reference; then
+    with Accelerate's save_state, a spot notice after step 9 (what it left in `folder`, as rank 0 saw it)
+    and the --resume that finishes."""
+    reference = SPOT.main([*STEPS, "--ckpt-dir", "/nonexistent-never-written"])
+    pre = SPOT.main([*STEPS, "--ckpt-dir", folder, "--accelerate-state", "--preempt-at", 9])
+    left = {p.name: sorted(q.name for q in p.iterdir()) for p in folder.iterdir()} if folder.is_dir() else {}
+    resumed = SPOT.main([*STEPS, "--ckpt-dir", folder, "--accelerate-state", "--resume"])
+    return {"reference": reference, "pre": pre, "left": left, "resumed": resumed}
+
+
 @pytest.fixture(scope="module")
-def reference():
-    run = spot("--ckpt-dir", "/nonexistent-never-written")
-    assert [r["done"] for r in run] == [True, True]
-    return run[0]
+def forked(tmp_path_factory):
+    out = launch(reference_then_accelerate_state, tmp_path_factory.mktemp("acc") / "ckpt", num_processes=2,
+                 show_output=False, timeout=120)
+    return {key: [r[key] for r in out] for key in out[0]}
+
+
+@pytest.fixture(scope="module")
+def reference(forked):
+    assert [r["done"] for r in forked["reference"]] == [True, True]
+    return forked["reference"][0]
+
+
+def notice_then_finish(ckpt):
+    """One 2-rank launch, two runs one after another in the same ranks: resumed from the newest periodic checkpoint,
+    a real SIGTERM after step 14 (rank 0 to itself: forked ranks have no agent above them); then the --resume that
+    finishes."""
+    return SPOT.main([*STEPS, "--ckpt-dir", ckpt, "--resume", "--preempt-at", 14]), SPOT.main(
+        [*STEPS, "--ckpt-dir", ckpt, "--resume"])
 
 
 def test_sigkill_resumes_from_the_last_periodic_checkpoint_then_sigterm_and_resume_are_bit_identical(tmp_path,
                                                                                                     reference):
-    # one chain of three launches proves both recoveries: a SIGKILL (no notice) loses the steps since the last
-    # periodic checkpoint; the run resumed from it, under a real `accelerate launch`, gets a real SIGTERM
-    # mid-run (rank 0 to the launcher, torchrun's agent, which forwards it to every rank) and checkpoints; the
-    # last resume ends bit-identical to the uninterrupted reference, so both resumes were exact (and forked
-    # ranks and the launcher's compute the same bits)
+    # one chain of two launches proves both recoveries: a SIGKILL (no notice) loses the steps since the last
+    # periodic checkpoint; the run resumed from it gets a real SIGTERM mid-run and checkpoints (both ranks at the
+    # same step); the last resume ends bit-identical to the uninterrupted reference, so both resumes were exact
     ckpt = tmp_path / "ckpt"
     with pytest.raises(LaunchError, match="SIGKILL"):  # no notice, nothing reported
         spot("--ckpt-dir", ckpt, "--ckpt-every", 5, "--kill-at", 12)
     assert latest_checkpoint(ckpt).name == "step00010.pt"  # steps 10, 11, 12 are lost
-    signalled = launch_script(SCRIPT, *STEPS, "--ckpt-dir", ckpt, "--resume", "--preempt-at", 14, num_processes=2,
-                              check=False, show_command=False, echo=False)  # the agent, signalled, exits non-zero
-    out = signalled.output
-    assert "resumed from step00010.pt at step 10" in out and "spot notice received" in out, out[-3000:]
-    assert "got signal: 15" in out  # the SIGTERM went to torchrun's agent, not to the ranks
-    assert [r["preempted_at"] for r in signalled.results] == [15, 15]  # both ranks, at the same step
+    out = launch(notice_then_finish, ckpt, num_processes=2, show_output=False, timeout=120)
+    signalled, resumed = [r[0] for r in out], [r[1] for r in out]
+    assert signalled[0]["start"] == 10 and signalled[0]["resumed_from"] == "step00010.pt"
+    assert [r["preempted_at"] for r in signalled] == [15, 15]  # both ranks, at the same step
     state = load_checkpoint(ckpt / "preempted.pt")
     assert state["step"] == 15 and len(state["rng"]) == 2
-    resumed = spot("--ckpt-dir", ckpt, "--resume")
     assert resumed[0]["start"] == state["step"]
     assert [r["checksum"] for r in resumed] == [reference["checksum"]] * 2  # bitwise, both ranks
     assert resumed[0]["losses"] == reference["losses"][state["step"]:]
 
 
-def test_accelerate_save_state_preempt_then_resume_is_bit_identical(tmp_path, reference):
+def test_accelerate_save_state_preempt_then_resume_is_bit_identical(forked, reference):
     # the same batches and noise as the course's own checkpoint mode: the reference is its uninterrupted run too;
     # forked ranks have no agent above them: rank 0 signals itself, and the ranks agree at the next step
-    ckpt, acc_flag = tmp_path / "ckpt", "--accelerate-state"
-    pre = spot("--ckpt-dir", ckpt, acc_flag, "--preempt-at", 9)
+    pre, left, resumed = forked["pre"], forked["left"][0], forked["resumed"]  # the runs of one launch, in order
     assert [r["preempted_at"] for r in pre] == [10, 10]
-    assert sorted(p.name for p in ckpt.iterdir()) == ["preempted"]  # renamed into place, no .tmp left
+    assert sorted(left) == ["preempted"]  # renamed into place, no .tmp left
     assert {"model.safetensors", "optimizer.bin", "random_states_0.pkl", "random_states_1.pkl",
-            "step.json"} <= {p.name for p in (ckpt / "preempted").iterdir()}
-    resumed = spot("--ckpt-dir", ckpt, acc_flag, "--resume")
+            "step.json"} <= set(left["preempted"])
     assert resumed[0]["start"] == 10 and resumed[0]["resumed_from"] == "preempted"
     assert [r["checksum"] for r in resumed] == [reference["checksum"]] * 2  # bitwise, both ranks
     assert resumed[0]["losses"] == reference["losses"][10:]

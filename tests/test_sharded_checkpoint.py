@@ -93,9 +93,10 @@ def on_4_ranks(folder, path):
     return save_after_training(folder, "fsdp2", True, keep=2), rank0_torch_save(path)
 
 
-def on_2_ranks(folder, path):
-    """One 2-rank launch: the DCP checkpoint loaded into 2 shards, then the rank-0 file tried on 2 ranks."""
-    return load_fresh(folder, "fsdp2"), rank0_file_load(path)
+def on_2_ranks(folder, path, own):
+    """One 2-rank launch: the DCP checkpoint loaded into 2 shards, the rank-0 file tried on 2 ranks, then a
+    2-rank run's own save and loads in `own` (`save_then_load`)."""
+    return load_fresh(folder, "fsdp2"), rank0_file_load(path), save_then_load(own)
 
 
 @pytest.fixture(scope="module")
@@ -107,9 +108,10 @@ def saved4(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def loaded2(saved4):
-    out = launch(on_2_ranks, saved4["folder"], saved4["path"], num_processes=2, show_output=False)
-    return {"dcp": [r[0] for r in out], "naive": [r[1] for r in out]}
+def loaded2(saved4, tmp_path_factory):
+    own = tmp_path_factory.mktemp("dcp2")
+    out = launch(on_2_ranks, saved4["folder"], saved4["path"], own, num_processes=2, show_output=False)
+    return {"dcp": [r[0] for r in out], "naive": [r[1] for r in out], "same_world": [r[2] for r in out]}
 
 
 def test_save_on_4_load_on_2_reshards_model_and_optimizer_exactly(saved4, loaded2):
@@ -142,8 +144,8 @@ def save_then_load(folder):
     return saved, again, sharded
 
 
-def test_same_world_size_restores_every_ranks_rng_and_ddp_loads_into_fsdp2(tmp_path):
-    out = launch(save_then_load, tmp_path, num_processes=2, show_output=False)  # sync save
+def test_same_world_size_restores_every_ranks_rng_and_ddp_loads_into_fsdp2(loaded2):
+    out = loaded2["same_world"]  # sync save, in the 2-rank launch (after the 4-rank checkpoint's loads)
     for s, r, _ in out:
         assert not r["info"]["resharded"] and torch.equal(r["next_draw"], s["next_draw"])  # rank r's own stream
         _assert_same_state(s, r)

@@ -72,27 +72,37 @@ def test_inject_is_a_labelled_simulation():
         inject(loss, "oops")
 
 
-def _train(*argv):
-    return launch(run_train, *RUN, *argv, num_processes=2, show_output=False)[0]
+def three_runs(folder):
+    """One 2-rank launch, three trainings one after another in the same ranks (each its own `run_train`):
+    the ranks start once, and DTensor's first-use costs are paid once, not three times."""
+    hit = run_train(*RUN, "--ckpt-dir", folder, "--inject-bad-batch", "4,8", "--bad-batch-kind", "nan,spike")
+    clean = run_train(*RUN, "--skip-batches", "3-4,8")
+    poisoned = run_train(*RUN, "--steps", 6, "--inject-bad-batch", 4, "--no-guard")
+    return {"hit": hit, "clean": clean, "poisoned": poisoned}
 
 
-def test_injected_bad_batches_roll_back_skip_and_recover(tmp_path):
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    return launch(three_runs, tmp_path_factory.mktemp("spike"), num_processes=2, show_output=False)[0]
+
+
+def test_injected_bad_batches_roll_back_skip_and_recover(runs):
     # one run, two drills: a NaN loss at batch 4, a ×1000 spike at batch 8 (against the running median of 6
     # accepted losses); each is caught before its step is applied, the run goes back to the newest checkpoint
     # (step 3, then step 6, which read batch 7) and skips from that checkpoint's data position through the bad
     # batch (PaLM's window): batches 3-4, then 8
-    hit = _train("--ckpt-dir", tmp_path, "--inject-bad-batch", "4,8", "--bad-batch-kind", "nan,spike")
+    hit = runs["hit"]
     nan, spike = hit["rollbacks"]
     assert (nan["batch"], nan["to_step"], nan["skipped"]) == (4, 3, [3, 4]) and nan["reason"] == "non-finite loss"
     assert (spike["batch"], spike["to_step"], spike["skipped"]) == (8, 6, [8, 8])
     assert spike["reason"].startswith("loss spike")
     assert hit["skipped"] == [[3, 4], [8, 8]] and all(math.isfinite(v) for v in hit["losses"])
     # recovered = exactly the run an operator would restart by hand with those batches skipped, bit for bit
-    clean = _train("--skip-batches", "3-4,8")
+    clean = runs["clean"]
     assert clean["checksum"] == hit["checksum"] and loss_curve(clean) == loss_curve(hit)
 
 
-def test_without_the_guard_one_nan_step_poisons_every_weight():
-    poisoned = _train("--steps", 6, "--inject-bad-batch", 4, "--no-guard")
+def test_without_the_guard_one_nan_step_poisons_every_weight(runs):
+    poisoned = runs["poisoned"]
     assert math.isnan(poisoned["losses"][4]) and math.isnan(poisoned["losses"][5])  # the step after, too
     assert all(math.isfinite(v) for v in poisoned["losses"][:4])

@@ -1,18 +1,20 @@
-"""The reference script on real gloo ranks: against one process, one reduction per step, resharding
-resume within float-summation tolerance, SIGKILL/SIGTERM/crash + resume bit-identical (elastic restarts
-under `accelerate launch`: test_elastic_restart.py).
+"""The reference script on real gloo ranks: against one process, one reduction per step, resharding resume within
+float-summation tolerance, SIGKILL/SIGTERM/crash + resume bit-identical (elastic restarts under `accelerate launch`:
+test_elastic_restart.py).
 
-One chain of runs serves every comparison: an uninterrupted 2-rank run (module-scoped), 4 ranks resumed
-from its step 8, 2 ranks resumed from those 4 ranks' step 10; the fault drills start from the 2-rank
-run's checkpoints and must end on its weights, bit for bit. Resharding
-tolerance: a different number of ranks sums each gradient element's per-rank partial sums in a
-different order (and each rank's local mean runs over a different number of rows), so gradients
-differ by a few fp32 ulp (2^-23 ≈ 1.2e-7 relative). AdamW divides each element by its own running
-RMS, which carries a relative error unchanged but lets an element whose partial sums nearly cancel
-take a visibly different (still ≤ lr) step: losses agree to rtol 1e-5 (measured ≤ 1.9e-7 over 36
-steps), weights to atol 1e-4 = lr/30 (measured ≤ 7e-6 over 8 steps, 2.4e-5 over 36).
+One chain of runs serves every comparison: an uninterrupted 2-rank run (module-scoped), 4 ranks resumed from its
+step 8, 2 ranks resumed from those 4 ranks' step 10; the fault drills start from the 2-rank run's checkpoints and
+must end on its weights, bit for bit. Runs that need no process of their own share a launch, one after another in
+the same ranks (the accumulation runs after the uninterrupted one; the spot notice after the resume from 4 ranks): a
+launch's forks and DTensor's first-use costs, about 1 s of CPU per 2-rank launch, are paid once. Resharding
+tolerance: a different number of ranks sums each gradient element's per-rank partial sums in a different order (and
+each rank's local mean runs over a different number of rows), so gradients differ by a few fp32 ulp (2^-23 ≈ 1.2e-7
+relative). AdamW divides each element by its own running RMS, which carries a relative error unchanged but lets an
+element whose partial sums nearly cancel take a visibly different (still ≤ lr) step: losses agree to rtol 1e-5
+(measured ≤ 1.9e-7 over 36 steps), weights to atol 1e-4 = lr/30 (measured ≤ 7e-6 over 8 steps, 2.4e-5 over 36).
 """
 
+import functools
 import random
 import shutil
 import signal
@@ -59,24 +61,33 @@ def train_keep_weights(*argv):
     return run_train(*argv, observer=obs), obs.weights
 
 
-def run(n, *argv, timeout=240):
-    out = launch(train_keep_weights, *argv, num_processes=n, timeout=timeout, show_output=False)
-    return out[0][0], out[0][1]  # rank 0's result and weights
+ACCUMULATION = {"fsdp2": ["--bf16", "--ac"], "ddp": ["--ac"]}  # FSDP2 in bf16 + recompute; DDP in fp32
+
+
+def uninterrupted_then_accumulation(folder):
+    """One 2-rank launch: the uninterrupted run, then each accumulation run (3 steps, 2 micro-batches)."""
+    result, weights = train_keep_weights(*COMMON, "--ckpt-dir", folder)
+    accum = {parallel: count_reductions("--parallel", parallel, "--accum", 2, "--steps", 3, "--warmup", 1, *extra)
+             for parallel, extra in ACCUMULATION.items()}
+    return result, weights, accum
 
 
 @pytest.fixture(scope="module")
 def ref2(tmp_path_factory):
-    """The uninterrupted run: 2 ranks, 12 steps, checkpoints at 4, 8 and 12."""
+    """The uninterrupted run: 2 ranks, 12 steps, checkpoints at 4, 8 and 12 (and, in the same launch, the
+    accumulation runs: rank 0's losses, reductions per step and FSDP units of each)."""
     folder = tmp_path_factory.mktemp("ref2")
-    result, weights = run(2, *COMMON, "--ckpt-dir", folder)
-    return {"result": result, "weights": weights, "dir": folder}
+    result, weights, accum = launch(uninterrupted_then_accumulation, folder, num_processes=2, timeout=240,
+                                    show_output=False)[0]
+    return {"result": result, "weights": weights, "dir": folder, "accum": accum}
 
 
 @pytest.fixture(scope="module")
 def on4(ref2, tmp_path_factory):
     """4 ranks resumed from the 2-rank run's step 8 (resharded), to step 12; checkpoints at 10 and 12."""
     folder = _copy_checkpoint(ref2["dir"], 8, tmp_path_factory.mktemp("on4"))
-    result, weights = run(4, *COMMON, "--ckpt-every", 2, "--ckpt-dir", folder)
+    result, weights = launch(train_keep_weights, *COMMON, "--ckpt-every", 2, "--ckpt-dir", folder, num_processes=4,
+                             timeout=240, show_output=False)[0]  # rank 0's result and weights
     return {"result": result, "weights": weights, "dir": folder}
 
 
@@ -85,6 +96,7 @@ def _copy_checkpoint(src, step, dst):
     return dst
 
 
+@functools.cache  # the two accumulation tests share the 3-step one
 def _single_process_losses(steps, batch=16, lr=3e-3, seed=0, warmup=4):
     """The same training in one process, written out plainly: no wrapper, full-batch mean loss."""
     with torch.device("meta"):
@@ -106,11 +118,11 @@ def _single_process_losses(steps, batch=16, lr=3e-3, seed=0, warmup=4):
         sched.step()
         opt.zero_grad()
         losses.append(loss.item())
-    return losses
+    return tuple(losses)
 
 
 def test_fsdp2_on_2_and_4_ranks_matches_one_process(ref2, on4):
-    single = _single_process_losses(STEPS)
+    single = list(_single_process_losses(STEPS))
     r, q = ref2["result"], on4["result"]
     assert r["steps"] == list(range(STEPS)) and r["world"] == 2 and q["steps"] == list(range(8, STEPS)) and q["world"] == 4
     torch.testing.assert_close(r["losses"], single, rtol=LOSS_RTOL, atol=0)
@@ -153,15 +165,14 @@ def count_reductions(*argv):
 
 
 # FSDP2 in bf16 (MixedPrecisionPolicy) agrees with fp32 to bf16's precision; DDP in fp32 to float summation
-@pytest.mark.parametrize("parallel,extra,rtol", [("fsdp2", ["--bf16", "--ac"], 2e-2), ("ddp", ["--ac"], LOSS_RTOL)])
-def test_accumulation_reduces_gradients_once_per_step(parallel, extra, rtol):
-    losses, per_step, units = launch(count_reductions, "--parallel", parallel, "--accum", 2, "--steps", 3,
-                                     "--warmup", 1, *extra, num_processes=2, show_output=False)[0]
+@pytest.mark.parametrize("parallel,rtol", [("fsdp2", 2e-2), ("ddp", LOSS_RTOL)])
+def test_accumulation_reduces_gradients_once_per_step(ref2, parallel, rtol):
+    losses, per_step, units = ref2["accum"][parallel]  # run in the uninterrupted run's launch, after it
     if parallel == "fsdp2":  # one reduce-scatter per FSDP unit (4 blocks + the root) per step, not 2 × that
         assert units == TINY_GPT.layers + 1 and per_step == [units] * 3
     else:
         assert per_step == [1] * 3  # one all-reduce round per step, not one per micro-batch
-    torch.testing.assert_close(losses, _single_process_losses(3, warmup=1), rtol=rtol, atol=0)
+    torch.testing.assert_close(losses, list(_single_process_losses(3, warmup=1)), rtol=rtol, atol=0)
 
 
 def test_resume_on_4_ranks_from_a_2_rank_checkpoint(ref2, on4):
@@ -171,26 +182,38 @@ def test_resume_on_4_ranks_from_a_2_rank_checkpoint(ref2, on4):
     torch.testing.assert_close(w, ref2["weights"], rtol=0, atol=WEIGHT_ATOL)
 
 
-def test_resume_on_2_ranks_from_a_4_rank_checkpoint(on4, tmp_path):
-    folder = _copy_checkpoint(on4["dir"], 10, tmp_path)  # against the 4-rank run it was written by
-    r, w = run(2, *COMMON, "--ckpt-dir", folder)
+def train_until_signal(plan, *argv):
+    return run_train(*argv, observer=SendSignal(*plan))
+
+
+def back_on_2_then_spot_notice(from4, spot):
+    """One 2-rank launch: the resume from the 4-rank checkpoint (to the end), then the spot-notice run: from
+    the uninterrupted run's step 4, a SIGTERM to rank 1 only after step 5 (the ranks agree at the next step)."""
+    back = train_keep_weights(*COMMON, "--ckpt-dir", from4)
+    return back, train_until_signal((5, signal.SIGTERM, 1), *COMMON, "--ckpt-dir", spot)
+
+
+@pytest.fixture(scope="module")
+def on2(ref2, on4, tmp_path_factory):
+    from4 = _copy_checkpoint(on4["dir"], 10, tmp_path_factory.mktemp("from4"))  # the 4-rank run's step 10
+    spot = _copy_checkpoint(ref2["dir"], 4, tmp_path_factory.mktemp("spot"))  # the uninterrupted run's step 4
+    out = launch(back_on_2_then_spot_notice, from4, spot, num_processes=2, timeout=240, show_output=False)
+    return {"from4": out[0][0], "spot": spot, "part": [r[1] for r in out]}
+
+
+def test_resume_on_2_ranks_from_a_4_rank_checkpoint(on4, on2):
+    r, w = on2["from4"]  # against the 4-rank run it was written by
     assert r["resumed"]["saved_world_size"] == 4 and r["resumed"]["resharded"] and r["steps"] == list(range(10, STEPS))
     torch.testing.assert_close(r["losses"], on4["result"]["losses"][2:], rtol=LOSS_RTOL, atol=0)
     torch.testing.assert_close(w, on4["weights"], rtol=0, atol=WEIGHT_ATOL)
 
 
-def train_until_signal(plan, *argv):
-    return run_train(*argv, observer=SendSignal(*plan))
-
-
-def test_spot_notice_crash_and_sigkills_at_random_moments_then_resume_is_bit_identical(ref2, tmp_path):
+def test_spot_notice_crash_and_sigkills_at_random_moments_then_resume_is_bit_identical(ref2, on2):
     # one chain in one folder, from the uninterrupted run's step 4: a SIGTERM to rank 1 only (the ranks agree at
-    # the next step and checkpoint it), a crash drill, then resumed runs SIGKILLed right after the async save of
-    # step 8 began (its files being written) and mid-step at a seeded random moment, then the run that
-    # finishes: bit-identical to the uninterrupted one
-    _copy_checkpoint(ref2["dir"], 4, tmp_path)
-    part = launch(train_until_signal, (5, signal.SIGTERM, 1), *COMMON, "--ckpt-dir", tmp_path,
-                  num_processes=2, show_output=False)
+    # the next step and checkpoint it; run in on2's launch), a crash drill, then resumed runs SIGKILLed right after
+    # the async save of step 8 began (its files being written) and mid-step at a seeded random moment, then the
+    # run that finishes: bit-identical to the uninterrupted one
+    tmp_path, part = on2["spot"], on2["part"]
     assert [p["preempted_at"] for p in part] == [6, 6] and complete_steps(tmp_path) == [4, 6]
     # the drills fire on their own attempt (torchrun's restart count; 0 here), the first in step order:
     # the crash at step 6, raised on the last rank before the step runs; nothing saved is touched
@@ -209,7 +232,7 @@ def test_spot_notice_crash_and_sigkills_at_random_moments_then_resume_is_bit_ide
     assert seen[0] == ([4, 6], [step_dir(tmp_path, 8).name + ".tmp"])
     newest = complete_steps(tmp_path)[-1]  # 8 once the next run (from 6, the stale .tmp ignored) saved it again
     assert seen[1][0][:2] == [4, 6] and newest in (6, 8)
-    done, _ = run(2, *COMMON, "--ckpt-dir", tmp_path)
+    done = launch(run_train, *COMMON, "--ckpt-dir", tmp_path, num_processes=2, show_output=False, timeout=240)[0]
     assert done["resumed"]["step"] == newest and not done["resumed"]["resharded"]
     assert not list(tmp_path.glob("*.tmp"))  # stale .tmp cleaned up
     assert done["checksum"] == ref2["result"]["checksum"]  # the same weights, bit for bit

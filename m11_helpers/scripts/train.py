@@ -26,7 +26,7 @@ float-summation tolerance (tests/test_train_script.py states and tests both). To
 Data: seeded synthetic token sequences (`m11_helpers.data`). The global batch --batch is the same on
 any number of ranks: rank r of N reads rows [r·B/N, (r+1)·B/N) of each global batch, so a run resumed
 on another world size reads exactly the same sequences. The loss is the mean over the global batch.
-Fault drills (--inject-bad-batch, --crash-at, --hang-at) SIMULATE faults; the recovery is real. Lesson 10.
+Drills: --inject-bad-batch, --crash-at, --hang-at SIMULATE faults, --notice-at sends a real SIGTERM. Lesson 10.
 """
 
 import argparse
@@ -90,7 +90,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--bad-batch-kind", default="nan", help="DRILL: spike (×1000) or nan; one for all, or one per batch")
     p.add_argument("--crash-at", type=int, default=-1, help="DRILL: --fault-rank raises at this step")
     p.add_argument("--hang-at", type=int, default=-1, help="DRILL: --fault-rank stops responding at this step")
-    p.add_argument("--fault-rank", type=int, default=-1, help="DRILL: the rank that crashes or hangs (-1: the last)")
+    p.add_argument("--notice-at", type=int, default=-1, help="DRILL: --fault-rank sends the launcher a SIGTERM here")
+    p.add_argument("--fault-rank", type=int, default=-1, help="DRILL: the rank that crashes, hangs or signals (-1: the last)")
     p.add_argument("--timeout", type=float, default=300, help="seconds a collective waits for a silent peer")
     p.add_argument("--log-every", type=int, default=1)
     args = p.parse_args(argv)
@@ -163,8 +164,8 @@ def main(argv=None, observer=None) -> dict:
     restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))  # set by torchrun's agent
     fault_rank = args.fault_rank if args.fault_rank >= 0 else world - 1
     # Each drill fires on its own attempt, in step order (the first on attempt 0), so a restart gets past it.
-    drills = dict(enumerate(sorted(((kind, s) for kind, s in (("crash", args.crash_at), ("hang", args.hang_at))
-                                    if s >= 0), key=lambda d: d[1])))
+    kinds = (("crash", args.crash_at), ("hang", args.hang_at), ("notice", args.notice_at))
+    drills = dict(enumerate(sorted(((k, s) for k, s in kinds if s >= 0), key=lambda d: d[1])))
     if args.batch % (world * args.accum):
         raise ValueError(f"--batch must be divisible by processes × --accum = {world * args.accum}, got {args.batch}")
     local, K = args.batch // world, args.accum
@@ -201,8 +202,7 @@ def main(argv=None, observer=None) -> dict:
         """Forward and backward over the step's K micro-batches; returns (global loss, global grad norm)."""
         total = torch.zeros((), device=device)
         for k, (x, y) in enumerate(micro_batches(batch)):
-            last = k == K - 1
-            # Reduce gradients on the last micro-batch only: the K-1 others accumulate locally, silently.
+            last = k == K - 1  # reduce gradients on the last micro-batch only: the K-1 others accumulate locally
             if args.parallel == "fsdp2":
                 model.set_requires_gradient_sync(last)
             with model.no_sync() if args.parallel == "ddp" and not last else contextlib.nullcontext():
@@ -229,12 +229,13 @@ def main(argv=None, observer=None) -> dict:
                 ckpt.wait()
             preempted_at = step
             break
+        if rank == fault_rank and drills.get(restarts) == ("notice", step):  # DRILL: a real SIGTERM, via the launcher
+            notice.drill()  # back here before this step runs: the ranks agree at the next one
         if rank == fault_rank and drills.get(restarts) in (("crash", step), ("hang", step)):  # DRILLS
             if drills[restarts][0] == "crash":
                 raise RuntimeError(f"injected crash on rank {rank} at step {step} (a drill)")
             print(f"rank {rank}: injected hang at step {step}; peers time out after {args.timeout:g} s", flush=True)
-            while not notice.received:  # silent until the launcher's SIGTERM
-                time.sleep(0.05)
+            notice.wait()  # silent until the launcher's SIGTERM
             raise SystemExit(143)
         batch = next_batch(progress["cursor"], progress["skipped"])
         t0 = time.perf_counter()

@@ -24,7 +24,6 @@ import json
 import os
 import shutil
 import signal
-import time
 from pathlib import Path
 
 import torch
@@ -180,10 +179,7 @@ def main(argv=None) -> dict:
         if step == args.preempt_at and acc.is_main_process:  # (a run resumed past step K never raises it)
             # to the launcher (torchrun's agent), which forwards it to every rank; with no agent above
             # (ranks forked by m11_helpers.launch), to this rank only: the ranks agree at the next step
-            os.kill(os.getppid() if "TORCHELASTIC_RUN_ID" in os.environ else os.getpid(), signal.SIGTERM)
-            deadline = time.monotonic() + 20  # m11: cpu-only - a wait for a signal, not a timing
-            while not notice.received and time.monotonic() < deadline:  # wait for it to come back round
-                time.sleep(0.01)
+            notice.drill()
 
     final = state_checksum(acc.unwrap_model(model))
     result = {"losses": losses, "start": start, "preempted_at": preempted_at, "resumed_from": resumed_from,
