@@ -43,7 +43,9 @@ def test_elastic_restart_recovers_from_a_hang_by_itself_and_the_agent_forwards_a
     codes = exit_codes(run.output)  # the agent's failure report of attempt 0 (a peer's may be listed too)
     assert run.returncode != 0 and run.restarts == 1 and len(codes) >= 1 and set(codes) == {1}, run.output[-3000:]
     assert "injected hang at step 11" in run.output and "Timed out" in run.output
-    assert "got signal: 15" in run.output  # the SIGTERM went to torchrun's agent, not to the ranks
+    # the SIGTERM went to torchrun's agent, not to the ranks: it logs the signal, or (its log line lost when it
+    # is killed mid-write under load, seen once in CI) exits 128 + 15; ranks signalled directly would exit it with 1
+    assert "got signal: 15" in run.output or run.returncode == 143, (run.returncode, run.output[-3000:])
     final = run.results
     assert [r["restarts"] for r in final] == [1, 1] and [r["preempted_at"] for r in final] == [13, 13]
     start = final[0]["start_step"]
