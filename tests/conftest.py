@@ -28,7 +28,7 @@ import nbformat
 import psutil
 import pytest
 
-from support.units import cost_order, known_seconds, record, unit_of, unit_seconds
+from support.units import cost_order, record, unit_of, unit_seconds
 from support.wheel import ROOT, cleanup, kernel_env, kernel_records, stuck_kernels, wheel_site
 
 ANCHOR = "test_course_notebooks.py"  # collecting this file collects the course notebooks' copies
@@ -133,6 +133,7 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector):
     return None
 
 
+@pytest.hookimpl(trylast=True)  # after `-k`/`-m` deselected: a unit is priced by the tests that will run
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The costliest scheduler units first (tests/support/units.py), each unit's tests in file order;
     tests that read this session's executed notebooks (marker `after_course`) last in the course's unit."""
@@ -233,7 +234,7 @@ def _write_units_line(terminalreporter) -> None:
     units = unit_seconds(seconds)
     top = sorted(units.items(), key=lambda kv: -kv[1])[:5]
     terminalreporter.write_line("m11 units: costliest " + ", ".join(f"{u} {s:.0f} s" for u, s in top))
-    record({**known_seconds(), **units})  # units this run did not run keep their last seconds
+    record(seconds)  # per test: a lesson's run prices its slice of the shared units (support/units.py)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:

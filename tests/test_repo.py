@@ -1,5 +1,6 @@
 """The course's structure: every lesson in its four places, on the README, with the checklist's parts."""
 
+import json
 import re
 from pathlib import Path
 
@@ -68,8 +69,9 @@ def test_refresh_rewrites_an_old_setup_cell_and_nothing_else(tmp_path):
     assert old.read_text(encoding="utf-8") == src.read_text(encoding="utf-8")  # only the setup cell changed
 
 
-def test_scheduler_units_go_costliest_first_and_keep_each_units_order():
-    from support.units import cost_order, unit_of, unit_seconds
+def test_scheduler_units_go_costliest_first_and_keep_each_units_order(tmp_path, monkeypatch):
+    from support import units
+    from support.units import cost_order, record, unit_of, unit_seconds
 
     wa = "tests/test_wrong_answers.py::test_{}[{}]"
     assert unit_of(wa.format("wrong_answers_score_zero_with_their_hint", "11_capstone")) == \
@@ -77,10 +79,23 @@ def test_scheduler_units_go_costliest_first_and_keep_each_units_order():
     assert unit_of("course/04_model_parallel.ipynb::Cell 3") == unit_of("tests/test_browser.py::test_x") == "course"
     ids = ["tests/test_a.py::t1", "tests/test_b.py::t1", "tests/test_a.py::t2", "tests/test_c.py::t1",
            "tests/test_c.py::t2", "tests/test_c.py::t3"]
-    ordered = sorted(ids, key=cost_order(ids, {"tests/test_b.py": 90.0, "tests/test_a.py": 5.0}))
+    seconds = {"tests/test_b.py::t1": 90.0, "tests/test_a.py::t1": 3.0, "tests/test_a.py::t2": 2.0}
+    ordered = sorted(ids, key=cost_order(ids, seconds))
     # b (90 s), a (5 s), then c (no seconds recorded) by its number of tests; each unit's tests in file order
     assert ordered == ["tests/test_b.py::t1", "tests/test_a.py::t1", "tests/test_a.py::t2",
                        "tests/test_c.py::t1", "tests/test_c.py::t2", "tests/test_c.py::t3"]
+    # a slice of a unit (one lesson's notebook of the course) is priced by the tests selected, not the unit's total
+    course = {f"course/{n:02d}_x.ipynb::Cell 0": 30.0 for n in range(13)}
+    lesson = ["course/04_x.ipynb::Cell 0", "tests/test_wrong_answers.py::test_w[04_x]"]
+    priced = {**course, lesson[1]: 40.0}
+    assert sorted(lesson, key=cost_order(lesson, priced)) == lesson[::-1]  # the 40 s run before the 30 s notebook
+    assert sorted([*course, lesson[1]], key=cost_order([*course, lesson[1]], priced))[-1] == lesson[1]  # all 390 s
+    # a run's seconds replace those of the tests it ran; the others' stay; quick ones are not kept
+    monkeypatch.setattr(units, "MEASURED", tmp_path / "m.json")
+    monkeypatch.setattr(units, "COMMITTED", tmp_path / "c.json")
+    (tmp_path / "c.json").write_text(json.dumps(priced))
+    record({lesson[0]: 25.0, "tests/test_a.py::t1": 0.01}, tmp_path / "m.json")
+    assert units.known_seconds() == {**priced, lesson[0]: 25.0}
     # a lesson's wrong-answer run and its sample check are one unit's seconds, the course with its deck tests
     assert unit_seconds({wa.format("a", "11_capstone"): 60.0, wa.format("b", "11_capstone-0"): 1.5,
                          "course/00_welcome.ipynb::Cell 0": 2.0, "tests/test_browser.py::test_x": 3.0}) == \
