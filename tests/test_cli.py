@@ -96,7 +96,6 @@ def test_a_command_does_not_build_the_iri_grammar_and_nbformat_still_validates(t
     bad.write_text('{"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [{"cell_type": "nope"}]}')
     probe = """
 import sys
-import types
 from m11_helpers.tools.cli import main
 main(["nbclean", "--check", sys.argv[1]])  # a command that reads notebooks
 import nbformat

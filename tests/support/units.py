@@ -11,8 +11,8 @@ contract test's 175 quick ones first, a lesson's one 90 s wrong-answer run last)
 seconds its SELECTED tests took in the last run that ran them: per test, not per unit, because
 `make test-lesson` runs a slice of the shared units (one course notebook of thirteen, one lesson's
 graded exercise): priced whole, the course (~450 s in `make test`, ~25 s of it one lesson's) went out
-first and lesson 10's wrong-answer parts and its elastic restart last, a run 20 s longer and busier
-(120 s against 88 s, the same tests, back to back). The seconds come from this machine's last runs
+first and lesson 10's wrong-answer parts and its elastic restart last, a longer and busier run
+(100-109 s against 85-88 s, the same code, runs alternated). The seconds come from this machine's last runs
 (build/test-artifacts/test-seconds.json, updated at the end of every run, the tests it ran replaced),
 else from tests/data/test-seconds.json, a clean-clone CI run's (refresh it by copying the first after a
 full run). A unit none of whose tests has seconds ranks by its number of tests, after the rest. Only the
@@ -60,8 +60,9 @@ def cost_order(nodeids: list[str], seconds: dict[str, float] | None = None):
     counts: dict[str, int] = defaultdict(int)
     cost: dict[str, float] = defaultdict(float)
     for nodeid in nodeids:
-        counts[unit_of(nodeid)] += 1
-        cost[unit_of(nodeid)] += seconds.get(nodeid, 0.0)
+        unit = unit_of(nodeid)
+        counts[unit] += 1
+        cost[unit] += seconds.get(nodeid, 0.0)
 
     def key(nodeid: str) -> tuple:
         unit = unit_of(nodeid)
